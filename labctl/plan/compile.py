@@ -1,0 +1,152 @@
+"""Topology → LabPlan. Deterministic: the same file always gives the same plan (golden-tested)."""
+from __future__ import annotations
+
+import ipaddress
+
+from labctl.errors import InputError
+from labctl.plan import model, naming, routing
+from labctl.topology.check import link_fabric, node_fabric
+from labctl.topology.load import Loaded
+from labctl.topology.schema import ROUTER_KINDS, Topology
+
+ETH_HEADER = 14
+
+
+def default_pools(index: int) -> tuple[str, str]:
+    """Address pools of the index-th fabric (1-based) when the lab does not give them."""
+    return f"10.{index}.0.0/16", f"10.{100 + index}.0.0/24"
+
+
+def shaping_for(lab_rate_bps: int, mtu: int, buffer_bytes: int) -> model.Shaping:
+    frame = mtu + ETH_HEADER
+    burst = max(lab_rate_bps // 8 // 1000, 2 * frame)
+    return model.Shaping(rate_bps=lab_rate_bps, burst_bytes=burst, quantum=frame, buffer_bytes=buffer_bytes)
+
+
+def node_sysctls(topo: Topology, forwarding: bool) -> dict[str, str]:
+    return {
+        # IPv6 off: no router solicitations, DAD or MLD reports in the captures of an IPv4 fabric
+        "net.ipv6.conf.all.disable_ipv6": "1",
+        "net.ipv6.conf.default.disable_ipv6": "1",
+        "net.ipv4.ip_forward": "1" if forwarding else "0",
+        # ECMP paths are asymmetric on purpose: reverse-path filtering would drop replies
+        "net.ipv4.conf.all.rp_filter": "0",
+        "net.ipv4.conf.default.rp_filter": "0",
+        "net.ipv4.fib_multipath_hash_policy": str(topo.routing.hash_policy),
+        "net.ipv4.fib_multipath_hash_seed": str(topo.routing.hash_seed),
+        "net.ipv4.conf.all.send_redirects": "0",
+        "net.ipv4.conf.all.accept_redirects": "0",
+        # traceroute and ping across many hops must not be rate limited
+        "net.ipv4.icmp_ratelimit": "0",
+    }
+
+
+def compile_plan(loaded: Loaded) -> model.LabPlan:
+    topo, smap = loaded.topology, loaded.source
+    fabrics: dict[str, model.FabricPlan] = {}
+    pools: dict[str, tuple[ipaddress.IPv4Network, ipaddress.IPv4Network]] = {}
+    for i, (name, f) in enumerate(topo.fabrics.items(), start=1):
+        p2p, lo = default_pools(i)
+        prefix = f.prefix or ipaddress.ip_network(p2p)
+        loopbacks = f.loopbacks or ipaddress.ip_network(lo)
+        for other, (op, ol) in pools.items():
+            for mine in (prefix, loopbacks):
+                if mine.overlaps(op) or mine.overlaps(ol):
+                    raise InputError(smap.where(("fabrics", name)),
+                                     f"the address pools of fabrics {other!r} and {name!r} overlap",
+                                     "give each fabric its own prefix: and loopbacks:")
+        pools[name] = (prefix, loopbacks)
+        lossless = f.lossless if f.lossless is not None else f.kind == "scale-out"
+        fabrics[name] = model.FabricPlan(f.kind, lossless, str(prefix), str(loopbacks))
+
+    nodes: dict[str, model.Node] = {}
+    for index, (name, n) in enumerate(topo.nodes.items()):
+        forwarding = n.kind in ROUTER_KINDS
+        nodes[name] = model.Node(
+            name=name, kind=n.kind, namespace=naming.namespace(topo.name, name), index=index,
+            forwarding=forwarding, fabric=node_fabric(topo, name), server=n.server, rank=n.rank,
+            loopback=None, sysctls=node_sysctls(topo, forwarding))
+    _number_ranks(nodes)
+
+    lo_alloc = {f: iter(pools[f][1].hosts()) for f in pools}
+    for node in nodes.values():
+        if node.forwarding:
+            node.loopback = f"{_next(lo_alloc[node.fabric], smap, node.fabric, 'loopbacks')}/32"
+
+    ends = [(*naming.split_endpoint(lk.endpoints[0]), *naming.split_endpoint(lk.endpoints[1]))
+            for lk in topo.links]
+    ifnames = naming.assign_ifnames(ends)
+    subnets = {f: pools[f][0].subnets(new_prefix=31) for f in pools}
+    links = []
+    for i, (lk, (a, _, b, _), (ia, ib)) in enumerate(zip(topo.links, ends, ifnames)):
+        fabric = link_fabric(topo, i)
+        subnet = _next(subnets[fabric], smap, fabric, "prefix")
+        addr_a, addr_b = subnet[0], subnet[1]
+        rate = lk.rate or topo.defaults.rate
+        lab_rate = int(round(rate / topo.dilation))
+        latency = lk.latency if lk.latency is not None else topo.defaults.latency
+        mtu = lk.mtu or topo.defaults.mtu
+        links.append(model.Link(i, f"{a}:{ia}", f"{b}:{ib}", fabric, str(subnet), rate, lab_rate,
+                                latency, int(round(latency * topo.dilation)), mtu))
+        for node, ifname, mine, peer, peer_if, theirs in ((a, ia, addr_a, b, ib, addr_b),
+                                                            (b, ib, addr_b, a, ia, addr_a)):
+            n = nodes[node]
+            n.interfaces.append(model.Interface(
+                name=ifname, index=len(n.interfaces) + 2, mac=naming.mac(n.index, len(n.interfaces)),
+                mtu=mtu, address=f"{mine}/31", peer_node=peer, peer_iface=peer_if,
+                peer_address=str(theirs), link=i, fabric=fabric,
+                shaping=shaping_for(lab_rate, mtu, topo.defaults.buffer),
+                delay_ns=int(round(latency * topo.dilation))))
+
+    _add_routes(nodes, links, fabrics)
+    return model.LabPlan(topo.name, topo.description.strip(), topo.dilation, loaded.template, fabrics,
+                         list(nodes.values()), links)
+
+
+def _number_ranks(nodes: dict[str, model.Node]) -> None:
+    """GPUs without an explicit rank get the lowest free ranks, in file order."""
+    taken = {n.rank for n in nodes.values() if n.rank is not None}
+    free = (r for r in range(len(nodes) + len(taken)) if r not in taken)
+    for n in nodes.values():
+        if n.kind == "gpu" and n.rank is None:
+            n.rank = next(free)
+
+
+def _next(it, smap, fabric, key):
+    try:
+        return next(it)
+    except StopIteration:
+        raise InputError(smap.where(("fabrics", fabric, key)) if smap else None,
+                         f"fabric {fabric!r} ran out of addresses in its {key} pool",
+                         f"give it a larger {key}: (e.g. a /16)") from None
+
+
+def _add_routes(nodes: dict[str, model.Node], links: list[model.Link], fabrics) -> None:
+    for fabric, fplan in fabrics.items():
+        adj: dict[str, list[routing.Adjacency]] = {}
+        prefixes: dict[str, set[str]] = {}
+        for lk in links:
+            if lk.fabric != fabric:
+                continue
+            a, b = lk.a.split(":")[0], lk.b.split(":")[0]
+            prefixes[lk.subnet] = {a, b}
+        for n in nodes.values():
+            for i in n.interfaces:
+                if i.fabric == fabric:
+                    adj.setdefault(n.name, []).append(routing.Adjacency(i.name, i.peer_node, i.peer_address))
+            if n.loopback and n.fabric == fabric:
+                prefixes[n.loopback] = {n.name}
+        routers = {n for n in adj if nodes[n].forwarding}
+        dist = {r: routing.shortest_hops(r, adj, routers) for r in routers}
+        for name in sorted(adj, key=lambda x: nodes[x].index):
+            node = nodes[name]
+            if node.forwarding:
+                for prefix, hops in routing.router_routes(name, prefixes, adj, routers, dist):
+                    node.routes.append(model.Route(prefix, [model.NextHop(h.peer_address, h.local_if)
+                                                            for h in hops]))
+            else:
+                gateways = [a for a in adj[name] if a.peer in routers]
+                if gateways:
+                    for pool in (fplan.prefix, fplan.loopbacks):
+                        node.routes.append(model.Route(pool, [model.NextHop(g.peer_address, g.local_if)
+                                                              for g in gateways]))

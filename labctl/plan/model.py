@@ -1,0 +1,116 @@
+"""The LabPlan: everything the backend will create, as plain data (serialised to plan.json)."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class Shaping:
+    """Egress queueing of one port: HTB at the lab (dilated) rate over a byte-limited FIFO."""
+    rate_bps: int        # lab rate = real rate / dilation
+    burst_bytes: int     # ≈ 1 ms of rate: tc's default burst loses 25% at 1 Gbit/s (DESIGN §8)
+    quantum: int
+    buffer_bytes: int
+
+
+@dataclass
+class Interface:
+    name: str
+    index: int           # ifindex inside the node's namespace, fixed so one netlink batch can use it
+    mac: str
+    mtu: int
+    address: str         # a.b.c.d/31
+    peer_node: str
+    peer_iface: str
+    peer_address: str
+    link: int            # index into LabPlan.links
+    fabric: str
+    shaping: Shaping
+    delay_ns: int        # lab one-way delay (latency x dilation); applied by the WAN delay line
+
+
+@dataclass
+class NextHop:
+    via: str
+    dev: str
+
+
+@dataclass
+class Route:
+    dst: str
+    nexthops: list[NextHop]
+
+
+@dataclass
+class Node:
+    name: str
+    kind: str
+    namespace: str
+    index: int
+    forwarding: bool
+    fabric: str | None
+    server: str | None
+    rank: int | None
+    loopback: str | None
+    sysctls: dict[str, str]
+    interfaces: list[Interface] = field(default_factory=list)
+    routes: list[Route] = field(default_factory=list)
+
+    def iface(self, name: str) -> Interface:
+        for i in self.interfaces:
+            if i.name == name:
+                return i
+        raise KeyError(f"{self.name} has no interface {name!r}")
+
+
+@dataclass
+class Link:
+    id: int
+    a: str               # node:iface
+    b: str
+    fabric: str
+    subnet: str
+    rate_bps: int        # the real fabric's rate
+    lab_rate_bps: int
+    latency_ns: int      # the real fabric's one-way delay
+    lab_delay_ns: int
+    mtu: int
+
+
+@dataclass
+class FabricPlan:
+    kind: str
+    lossless: bool
+    prefix: str
+    loopbacks: str
+
+
+@dataclass
+class LabPlan:
+    lab: str
+    description: str
+    dilation: float
+    template: str | None
+    fabrics: dict[str, FabricPlan]
+    nodes: list[Node]
+    links: list[Link]
+
+    def node(self, name: str) -> Node:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "LabPlan":
+        nodes = []
+        for n in d["nodes"]:
+            ifaces = [Interface(**{**i, "shaping": Shaping(**i["shaping"])}) for i in n["interfaces"]]
+            routes = [Route(r["dst"], [NextHop(**h) for h in r["nexthops"]]) for r in n["routes"]]
+            nodes.append(Node(**{**n, "interfaces": ifaces, "routes": routes}))
+        return cls(d["lab"], d["description"], d["dilation"], d["template"],
+                   {k: FabricPlan(**v) for k, v in d["fabrics"].items()}, nodes,
+                   [Link(**lk) for lk in d["links"]])

@@ -1,0 +1,119 @@
+"""Checks across keys that a schema cannot express: references, fabrics, names and rates."""
+from __future__ import annotations
+
+from labctl.errors import InputError
+from labctl.plan.naming import NamingError, assign_ifnames, split_endpoint
+from labctl.topology.schema import ROUTER_KINDS, Topology
+from labctl.topology.templates import did_you_mean
+from labctl.topology.yamlpos import SourceMap
+from labctl.units import format_rate
+
+# What this machine can shape and forward (DESIGN §8): above ~40 Gbit/s HTB and veth stop meaning
+# anything; below 64 kbit/s a 9000-byte frame takes over a second and ping times out.
+LAB_RATE_MAX = 40e9
+LAB_RATE_MIN = 64e3
+
+
+def node_fabric(topo: Topology, name: str) -> str | None:
+    """The fabric a router belongs to: its own `fabric:`, else the only fabric that fits its kind."""
+    node = topo.nodes[name]
+    if node.kind not in ROUTER_KINDS:
+        return None
+    if node.fabric:
+        return node.fabric
+    want_scale_up = node.kind == "nvswitch"
+    fits = [f for f, spec in topo.fabrics.items() if (spec.kind == "scale-up") == want_scale_up]
+    return fits[0] if len(fits) == 1 else None
+
+
+def link_fabric(topo: Topology, link_index: int) -> str | None:
+    link = topo.links[link_index]
+    if link.fabric:
+        return link.fabric
+    ends = [split_endpoint(e)[0] for e in link.endpoints]
+    fabrics = {node_fabric(topo, n) for n in ends if topo.nodes[n].kind in ROUTER_KINDS}
+    if len(fabrics) == 1:
+        return fabrics.pop()
+    if not fabrics and len(topo.fabrics) == 1:
+        return next(iter(topo.fabrics))
+    return None
+
+
+def check_topology(topo: Topology, smap: SourceMap) -> None:
+    fabric_names = list(topo.fabrics)
+    for name, node in topo.nodes.items():
+        if node.fabric is not None and node.fabric not in topo.fabrics:
+            raise InputError(smap.where(("nodes", name, "fabric")),
+                             f"node {name!r} is on fabric {node.fabric!r}, which is not defined"
+                             + did_you_mean(node.fabric, fabric_names),
+                             f"define it under fabrics:, or use one of: {', '.join(fabric_names)}")
+        if node.kind in ROUTER_KINDS and node_fabric(topo, name) is None:
+            raise InputError(smap.where(("nodes", name)),
+                             f"{node.kind} {name!r} does not say which fabric it belongs to",
+                             f"add `fabric: <one of {', '.join(fabric_names)}>` to it")
+    ranks: dict[int, str] = {}
+    for name, node in topo.nodes.items():
+        if node.rank is not None:
+            if node.rank in ranks:
+                raise InputError(smap.where(("nodes", name, "rank")),
+                                 f"rank {node.rank} is given to both {ranks[node.rank]!r} and {name!r}",
+                                 "give every GPU its own rank, or leave rank out to number them in order")
+            ranks[node.rank] = name
+
+    ends = []
+    linked: set[str] = set()
+    for i, link in enumerate(topo.links):
+        parsed = []
+        for e, text in enumerate(link.endpoints):
+            node, iface = split_endpoint(text)
+            if node not in topo.nodes:
+                raise InputError(smap.where(("links", i, "endpoints", e)),
+                                 f"link endpoint {text!r} names node {node!r}, which is not defined"
+                                 + did_you_mean(node, list(topo.nodes)),
+                                 "define the node under nodes:, or fix the name")
+            parsed.append((node, iface))
+            linked.add(node)
+        if parsed[0][0] == parsed[1][0]:
+            raise InputError(smap.where(("links", i, "endpoints")),
+                             f"link {i} connects {parsed[0][0]!r} to itself", "connect two different nodes")
+        ends.append((parsed[0][0], parsed[0][1], parsed[1][0], parsed[1][1]))
+        if link.fabric is not None and link.fabric not in topo.fabrics:
+            raise InputError(smap.where(("links", i, "fabric")), f"fabric {link.fabric!r} is not defined"
+                             + did_you_mean(link.fabric, fabric_names),
+                             f"use one of: {', '.join(fabric_names)}")
+        routers = {node_fabric(topo, n) for n, _ in parsed if topo.nodes[n].kind in ROUTER_KINDS}
+        if len(routers) > 1:
+            raise InputError(smap.where(("links", i)),
+                             f"link {parsed[0][0]}—{parsed[1][0]} joins switches of different fabrics "
+                             f"({', '.join(sorted(routers))})",
+                             "fabrics are separate networks; connect each host to each fabric instead")
+        if link.fabric and routers and link.fabric not in routers:
+            raise InputError(smap.where(("links", i, "fabric")),
+                             f"link says fabric {link.fabric!r} but its switch is on {routers.pop()!r}",
+                             "remove the link's fabric: key or fix it")
+        if link_fabric(topo, i) is None:
+            raise InputError(smap.where(("links", i)),
+                             f"cannot tell which fabric link {parsed[0][0]}—{parsed[1][0]} belongs to",
+                             f"add `fabric: <one of {', '.join(fabric_names)}>` to the link")
+        rate = link.rate or topo.defaults.rate
+        lab_rate = rate / topo.dilation
+        key = ("links", i, "rate") if link.rate else ("defaults", "rate")
+        if lab_rate > LAB_RATE_MAX:
+            raise InputError(smap.where(key),
+                             f"{format_rate(rate)} at dilation {topo.dilation:g} is {format_rate(lab_rate)} "
+                             f"in the lab, more than this machine can shape ({format_rate(LAB_RATE_MAX)})",
+                             f"raise dilation to at least {rate / LAB_RATE_MAX * 10:g} so rates scale down")
+        if lab_rate < LAB_RATE_MIN:
+            raise InputError(smap.where(key),
+                             f"{format_rate(rate)} at dilation {topo.dilation:g} is {format_rate(lab_rate)} "
+                             f"in the lab, too slow to carry a jumbo frame in a second",
+                             f"lower dilation to at most {rate / LAB_RATE_MIN:g}, or raise the rate")
+
+    for name in topo.nodes:
+        if name not in linked:
+            raise InputError(smap.where(("nodes", name)), f"node {name!r} has no links",
+                             "connect it (links: - endpoints: [" + name + ", <peer>]) or remove it")
+    try:
+        assign_ifnames(ends)
+    except NamingError as exc:
+        raise InputError(smap.where(("links", exc.link, "endpoints", exc.end)), exc.message, exc.fix) from None

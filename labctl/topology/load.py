@@ -1,0 +1,178 @@
+"""Lab file → (rendered YAML) → validated Topology, with errors that point at the file and line."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from labctl.errors import InputError, Where
+from labctl.topology import templates as tpl
+from labctl.topology.check import check_topology
+from labctl.topology.schema import Topology
+from labctl.topology.yamlpos import SourceMap, dotted, load_yaml
+
+TEMPLATE_LAB_KEYS = ("name", "description", "template", "vars")
+
+
+@dataclass
+class Loaded:
+    topology: Topology
+    source: SourceMap  # positions in the text that was validated (rendered text for template labs)
+    text: str          # that text
+    file: Path
+    template: str | None = None
+
+
+def parse_sets(sets: tuple[str, ...] | list[str]) -> dict:
+    """--set key=value pairs; values are YAML scalars (`--set spines=4`, `--set rate=200G`)."""
+    out = {}
+    for item in sets:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise InputError(Where("--set"), f"{item!r} is not key=value", "write it like --set spines=4")
+        out[key.strip()] = yaml.safe_load(value) if value.strip() else ""
+    return out
+
+
+def render_topology(file: str | Path, sets=(), template_dirs=()) -> tuple[str, SourceMap, str | None]:
+    """The full lab YAML text: the file itself, or what its template renders to."""
+    path = Path(file)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise InputError(Where(str(path)), f"cannot read the lab file: {exc.strerror}",
+                         "check the path (bundled labs are in topologies/)") from None
+    data, smap = load_yaml(text, str(path))
+    if not isinstance(data, dict):
+        raise InputError(Where(str(path), 1), "a lab file is a YAML mapping (name:, nodes:, links: ...)",
+                         "start from topologies/leaf-spine.yml")
+    overrides = parse_sets(sets)
+    if "template" not in data:
+        if overrides:
+            for key, value in overrides.items():
+                _set_dotted(data, key, value)
+            text = yaml.safe_dump(data, sort_keys=False)
+            smap = load_yaml(text, f"{path} (with --set)")[1]
+        return text, smap, None
+
+    for key in data:
+        if key not in TEMPLATE_LAB_KEYS:
+            raise InputError(smap.where((key,)),
+                             f"unknown key {key!r} in a lab that uses a template",
+                             f"a template lab has only {', '.join(TEMPLATE_LAB_KEYS)}; "
+                             "put template settings under vars:")
+    name = data["template"]
+    if not isinstance(name, str):
+        raise InputError(smap.where(("template",)), "template must be a template name, e.g. leaf-spine")
+    search = tpl.search_path(path, tuple(template_dirs))
+    template = tpl.find_template(name, search, smap.where(("template",)))
+    given = data.get("vars") or {}
+    if not isinstance(given, dict):
+        raise InputError(smap.where(("vars",)), "vars must be a mapping of template variables")
+    given = {**given, **overrides}
+
+    def where_of(key):
+        if key is None:
+            return smap.where(("vars",) if "vars" in data else ("template",))
+        if key in overrides:
+            return Where("--set", key=key)
+        return smap.where(("vars", key))
+
+    variables = tpl.resolve_vars(template, given, where_of)
+    variables["name"] = data.get("name", name)
+    rendered = tpl.render(template, variables, search, smap.where(("template",)))
+    origin = f"{path} (rendered from template {name}; see `labctl render {path}`)"
+    rdata, rmap = load_yaml(rendered, origin)
+    if isinstance(rdata, dict) and data.get("description"):
+        rdata["description"] = data["description"]
+    return rendered, rmap, name
+
+
+def _set_dotted(data: dict, key: str, value) -> None:
+    parts = key.split(".")
+    cur = data
+    for part in parts[:-1]:
+        cur = cur.setdefault(part, {})
+        if not isinstance(cur, dict):
+            raise InputError(Where("--set", key=key), f"{part!r} is not a mapping", "set a leaf key")
+    cur[parts[-1]] = value
+
+
+def load_topology(file: str | Path, sets=(), template_dirs=(), name: str | None = None) -> Loaded:
+    text, smap, template = render_topology(file, sets, template_dirs)
+    data, smap = load_yaml(text, smap.file)
+    if not isinstance(data, dict):
+        raise InputError(Where(smap.file, 1), "the lab is empty", "add name:, nodes: and links:")
+    if name is not None:
+        data["name"] = name
+    try:
+        topo = Topology.model_validate(data)
+    except ValidationError as exc:
+        raise _input_error(exc, smap) from None
+    check_topology(topo, smap)
+    return Loaded(topo, smap, text, Path(file), template)
+
+
+def _input_error(exc: ValidationError, smap: SourceMap) -> InputError:
+    err = exc.errors()[0]
+    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p))  # drop union branch tags
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        parent, key = loc[:-1], loc[-1]
+        allowed = _allowed_keys(parent)
+        hint = tpl.did_you_mean(str(key), allowed)
+        return InputError(smap.where(loc), f"unknown key {key!r}{hint}",
+                          f"allowed keys here: {', '.join(allowed)}" if allowed else "remove it")
+    if kind == "missing":
+        return InputError(smap.where(loc[:-1]), f"missing required key {loc[-1]!r}",
+                          _field_help(loc) or f"add `{loc[-1]}:`")
+    msg = err["msg"]
+    if kind == "value_error":  # our unit parsers: "Value error, '4x' is not a rate; ..."
+        msg = msg.removeprefix("Value error, ")
+    value = err.get("input")
+    shown = f" (got {value!r})" if not isinstance(value, (dict, list)) else ""
+    return InputError(smap.where(loc), f"{dotted(loc)}: {msg}{shown}", _field_help(loc))
+
+
+def _model_at(loc: tuple):
+    """The pydantic model class that a location's parent refers to, for listing allowed keys."""
+    from labctl.topology import schema
+    model = schema.Topology
+    for part in loc:
+        if model is None or isinstance(part, int):
+            continue
+        field = model.model_fields.get(part)
+        if field is None:
+            # a dict value (nodes.<name>) or list item: step into the value type
+            continue
+        model = _inner_model(field.annotation)
+    return model
+
+
+def _inner_model(annotation):
+    from typing import get_args
+    from pydantic import BaseModel
+    stack = [annotation]
+    while stack:
+        a = stack.pop()
+        if isinstance(a, type) and issubclass(a, BaseModel):
+            return a
+        stack.extend(get_args(a))
+    return None
+
+
+def _allowed_keys(parent: tuple) -> list[str]:
+    model = _model_at(parent)
+    return list(model.model_fields) if model is not None else []
+
+
+def _field_help(loc: tuple) -> str | None:
+    model = _model_at(loc[:-1])
+    if model is None or not isinstance(loc[-1], str):
+        return None
+    field = model.model_fields.get(loc[-1])
+    if field is None or not field.description:
+        return None
+    return f"{loc[-1]} is {field.description}"

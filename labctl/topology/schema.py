@@ -1,0 +1,81 @@
+"""Typed model of a lab file. Field descriptions double as the hints printed with validation errors."""
+from __future__ import annotations
+
+import ipaddress
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from labctl.units import parse_duration_ns, parse_rate, parse_size
+
+NAME_PATTERN = r"^[a-z][a-z0-9_-]*$"
+IFNAME_MAX = 15  # IFNAMSIZ - 1
+
+Rate = Annotated[int, BeforeValidator(parse_rate), Field(gt=0, description="a rate such as 400G or 100Mbit")]
+Duration = Annotated[int, BeforeValidator(parse_duration_ns),
+                     Field(ge=0, description="a duration such as 2us or 5ms")]
+Size = Annotated[int, BeforeValidator(parse_size), Field(gt=0, description="a size such as 1MiB or 9000")]
+Name = Annotated[str, Field(pattern=NAME_PATTERN, max_length=40,
+                            description="lower-case letters, digits, '-' and '_', starting with a letter")]
+
+FABRIC_KINDS = ("scale-out", "scale-up", "scale-across", "frontend")
+# Kinds that forward packets (they get routes to every prefix of their fabric) and kinds that are
+# end hosts (they only reach their fabrics' address pools through their own NICs).
+ROUTER_KINDS = ("switch", "router", "nvswitch")
+HOST_KINDS = ("gpu", "storage", "host")
+NODE_KINDS = ROUTER_KINDS + HOST_KINDS
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Defaults(Strict):
+    mtu: int = Field(9000, ge=1280, le=9000, description="interface MTU in bytes, 1280..9000")
+    rate: Rate = Field(100_000_000_000, description="link rate of the real fabric, e.g. 400G")
+    latency: Duration = Field(0, description="one-way propagation delay of a link, e.g. 1us")
+    buffer: Size = Field(4 * 1024 * 1024, description="egress buffer per port in bytes, e.g. 4MiB")
+
+
+class Routing(Strict):
+    hash_policy: Literal[0, 1] = Field(1, description="fib_multipath_hash_policy: 0 = L3, 1 = L4 (UDP ports)")
+    hash_seed: int = Field(1, ge=1, lt=2**32,
+                           description="fib_multipath_hash_seed, fixed so ECMP spreads are reproducible")
+
+
+class Fabric(Strict):
+    kind: Literal[FABRIC_KINDS] = Field(description="one of " + ", ".join(FABRIC_KINDS))
+    description: str = ""
+    lossless: bool | None = Field(None, description="PFC on the RoCE class (default: true for scale-out)")
+    prefix: ipaddress.IPv4Network | None = Field(None, description="address pool for /31 links, e.g. 10.1.0.0/16")
+    loopbacks: ipaddress.IPv4Network | None = Field(None, description="pool for router loopbacks, e.g. 10.101.0.0/24")
+
+
+class Node(Strict):
+    kind: Literal[NODE_KINDS] = Field(description="one of " + ", ".join(NODE_KINDS))
+    fabric: Name | None = Field(None, description="the fabric a switch or router belongs to")
+    server: Name | None = Field(None, description="the server a GPU sits in (GPUs of a server share scale-up)")
+    rank: int | None = Field(None, ge=0, description="the GPU's global rank")
+    description: str = ""
+
+
+class Link(Strict):
+    endpoints: list[str] = Field(min_length=2, max_length=2,
+                                 description="two endpoints, `node` or `node:iface`")
+    rate: Rate | None = None
+    latency: Duration | None = None
+    mtu: int | None = Field(None, ge=1280, le=9000, description="MTU for this link, 1280..9000")
+    fabric: Name | None = Field(None, description="the fabric this link belongs to (normally inferred)")
+
+
+class Topology(Strict):
+    name: str = Field(pattern=r"^[a-z][a-z0-9-]*$", max_length=24,
+                      description="the lab name: lower-case letters, digits and '-', at most 24 characters")
+    description: str = ""
+    dilation: float = Field(1.0, gt=0, le=1e6,
+                            description="time dilation D: lab rates are real rates / D, lab times real times x D")
+    defaults: Defaults = Defaults()
+    routing: Routing = Routing()
+    fabrics: dict[Name, Fabric] = Field(default_factory=lambda: {"backend": Fabric(kind="scale-out")})
+    nodes: dict[Name, Node] = Field(min_length=1, description="at least one node")
+    links: list[Link] = Field(default_factory=list)

@@ -1,0 +1,193 @@
+"""Jinja2 topology templates: a layered search path and declared, typed template variables.
+
+A template is a directory `<name>/` holding `topology.yml.j2` and `vars.yml` (its description and
+every variable with type, default, range and help). Directories earlier on the search path win,
+so a user's `templates/leaf-spine/` overrides the bundled one (netlab's layering).
+"""
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+import yaml
+
+from labctl.errors import InputError, Where
+from labctl.units import parse_duration_ns, parse_rate, parse_size
+
+TEMPLATE_FILE = "topology.yml.j2"
+VARS_FILE = "vars.yml"
+_TYPES = ("int", "float", "bool", "str", "rate", "size", "duration")
+
+
+def bundled_dir(subdir: str = "templates") -> Path:
+    """The project's own templates/ (a source checkout or editable install), else the installed copy."""
+    here = Path(__file__).resolve().parents[2] / subdir
+    if here.is_dir():
+        return here
+    import sys
+    return Path(sys.prefix) / "share" / "labctl" / subdir
+
+
+def search_path(lab_file: Path | None, extra: tuple[str, ...] = ()) -> list[Path]:
+    """Lab dir, then --templates, $LABCTL_TEMPLATES, the user's dir, the bundled templates."""
+    path = []
+    if lab_file is not None:
+        path.append(lab_file.resolve().parent / "templates")
+    path += [Path(p) for p in extra]
+    path += [Path(p) for p in os.environ.get("LABCTL_TEMPLATES", "").split(os.pathsep) if p]
+    path.append(Path.home() / ".config" / "labctl" / "templates")
+    path.append(bundled_dir())
+    return [p for p in path if p.is_dir()]
+
+
+@dataclass
+class VarSpec:
+    name: str
+    type: str
+    default: object
+    help: str
+    min: float | None = None
+    max: float | None = None
+    choices: list | None = None
+
+
+@dataclass
+class Template:
+    name: str
+    directory: Path
+    description: str
+    vars: dict[str, VarSpec]
+
+
+def find_template(name: str, path: list[Path], where: Where) -> Template:
+    for d in path:
+        if (d / name / TEMPLATE_FILE).is_file():
+            return _read_template(name, d / name)
+    known = sorted({p.name for d in path for p in d.iterdir() if (p / TEMPLATE_FILE).is_file()})
+    hint = _did_you_mean(name, known)
+    raise InputError(where, f"unknown template {name!r}{hint}",
+                     f"use one of: {', '.join(known) or '(none found)'}; searched {', '.join(map(str, path))}")
+
+
+def _read_template(name: str, directory: Path) -> Template:
+    spec_file = directory / VARS_FILE
+    spec = yaml.safe_load(spec_file.read_text()) if spec_file.is_file() else {}
+    spec = spec or {}
+    variables = {}
+    for var, s in (spec.get("vars") or {}).items():
+        if s.get("type") not in _TYPES:
+            raise InputError(Where(str(spec_file), key=f"vars.{var}.type"),
+                             f"template variable type {s.get('type')!r} is not one of {', '.join(_TYPES)}")
+        variables[var] = VarSpec(var, s["type"], s.get("default"), s.get("help", ""),
+                                 s.get("min"), s.get("max"), s.get("choices"))
+    return Template(name, directory, spec.get("description", ""), variables)
+
+
+def resolve_vars(tpl: Template, given: dict, where_of) -> dict:
+    """Check and convert the lab's vars against the template's declaration; fill in defaults.
+
+    `where_of(key)` gives the Where of a var in the lab file (or of --set on the command line).
+    """
+    out = {}
+    for key, value in given.items():
+        if key not in tpl.vars:
+            hint = _did_you_mean(key, list(tpl.vars))
+            raise InputError(where_of(key), f"template {tpl.name!r} has no variable {key!r}{hint}",
+                             f"its variables are: {', '.join(tpl.vars)} (see `labctl templates {tpl.name}`)")
+        out[key] = _convert(tpl.vars[key], value, where_of(key))
+    for key, spec in tpl.vars.items():
+        if key not in out:
+            if spec.default is None:
+                raise InputError(where_of(None), f"template {tpl.name!r} needs variable {key!r} ({spec.help})",
+                                 f"add `{key}: ...` under vars, or pass --set {key}=...")
+            out[key] = _convert(spec, spec.default, Where(str(tpl.directory / VARS_FILE), key=f"vars.{key}"))
+    return out
+
+
+def _convert(spec: VarSpec, value, where: Where):
+    def bad(why: str):
+        return InputError(where, f"template variable {spec.name!r}: {why}", f"{spec.name} is {spec.help}"
+                          if spec.help else None)
+
+    try:
+        if spec.type == "int":
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise bad(f"expected a whole number, got {value!r}")
+        elif spec.type == "float":
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise bad(f"expected a number, got {value!r}")
+            value = float(value)
+        elif spec.type == "bool":
+            if not isinstance(value, bool):
+                raise bad(f"expected true or false, got {value!r}")
+        elif spec.type == "str":
+            value = str(value)
+        elif spec.type == "rate":
+            parse_rate(value)
+        elif spec.type == "size":
+            parse_size(value)
+        elif spec.type == "duration":
+            parse_duration_ns(value)
+    except ValueError as exc:
+        raise bad(str(exc)) from None
+    if spec.choices is not None and value not in spec.choices:
+        raise bad(f"{value!r} is not one of {spec.choices}")
+    if spec.min is not None and isinstance(value, (int, float)) and value < spec.min:
+        raise bad(f"{value} is below the minimum {spec.min}")
+    if spec.max is not None and isinstance(value, (int, float)) and value > spec.max:
+        raise bad(f"{value} is above the maximum {spec.max}")
+    return value
+
+
+class TemplateFailure(Exception):
+    """Raised by `fail()` inside a template: a combination of variables the template cannot build."""
+
+
+def _fail(message: str):
+    raise TemplateFailure(message)
+
+
+def render(tpl: Template, variables: dict, path: list[Path], where: Where) -> str:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader([str(p) for p in path]),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    env.globals["fail"] = _fail
+    env.filters["rate"] = parse_rate
+    try:
+        return env.get_template(f"{tpl.name}/{TEMPLATE_FILE}").render(**variables)
+    except TemplateFailure as exc:
+        raise InputError(where, f"template {tpl.name!r} cannot build this: {exc}",
+                         "change the vars (see `labctl templates " + tpl.name + "`)") from None
+    except jinja2.UndefinedError as exc:
+        raise InputError(where, f"template {tpl.name!r} uses an undefined variable: {exc.message}",
+                         f"declare it in {tpl.directory / VARS_FILE}") from None
+    except jinja2.TemplateError as exc:
+        lineno = getattr(exc, "lineno", None)
+        raise InputError(Where(str(tpl.directory / TEMPLATE_FILE), lineno), f"template error: {exc}",
+                         "fix the template") from None
+
+
+def _did_you_mean(word: str, options: list[str]) -> str:
+    close = difflib.get_close_matches(word, options, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def did_you_mean(word: str, options: list[str]) -> str:
+    return _did_you_mean(word, options)
+
+
+def list_templates(path: list[Path]) -> list[Template]:
+    seen: dict[str, Template] = {}
+    for d in path:
+        for p in sorted(d.iterdir()):
+            if (p / TEMPLATE_FILE).is_file() and p.name not in seen:
+                seen[p.name] = _read_template(p.name, p)
+    return list(seen.values())

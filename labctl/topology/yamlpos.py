@@ -1,0 +1,80 @@
+"""YAML loading that remembers where every key and list item came from.
+
+Validation errors point at a line, so the loader returns the plain data together with a map from
+key paths (tuples of keys and list indexes) to 1-based line numbers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import yaml
+
+from labctl.errors import InputError, Where
+
+Path = tuple  # of str | int
+
+
+@dataclass
+class SourceMap:
+    file: str
+    lines: dict[Path, int] = field(default_factory=dict)
+
+    def line_of(self, path: Path) -> int | None:
+        """The line of the deepest known prefix of `path` (a missing key points at its parent)."""
+        for n in range(len(path), -1, -1):
+            line = self.lines.get(tuple(path[:n]))
+            if line is not None:
+                return line
+        return None
+
+    def where(self, path: Path) -> Where:
+        return Where(self.file, self.line_of(path), dotted(path) or None)
+
+
+def dotted(path: Path) -> str:
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def load_yaml(text: str, file: str) -> tuple[object, SourceMap]:
+    smap = SourceMap(file)
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark else None
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise InputError(Where(file, line), f"not valid YAML: {problem}",
+                         "check indentation and quoting near that line") from None
+    if node is None:
+        return None, smap
+    return _convert(node, (), smap), smap
+
+
+def _convert(node: yaml.Node, path: Path, smap: SourceMap) -> object:
+    smap.lines.setdefault(path, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        out: dict = {}
+        for key_node, value_node in node.value:
+            key = yaml.SafeLoader.construct_object(_LOADER, key_node)  # scalar keys only
+            if not isinstance(key, (str, int, float, bool)):
+                raise InputError(Where(smap.file, key_node.start_mark.line + 1),
+                                 "mapping keys must be plain names", "write the key as a plain string")
+            key = str(key)
+            if key in out:
+                raise InputError(Where(smap.file, key_node.start_mark.line + 1, dotted(path + (key,))),
+                                 f"duplicate key {key!r}", "remove or rename one of the two entries")
+            smap.lines[path + (key,)] = key_node.start_mark.line + 1
+            out[key] = _convert(value_node, path + (key,), smap)
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        return [_convert(item, path + (i,), smap) for i, item in enumerate(node.value)]
+    return yaml.SafeLoader.construct_object(_LOADER, node)
+
+
+_LOADER = yaml.SafeLoader("")
