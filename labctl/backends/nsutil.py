@@ -1,0 +1,127 @@
+"""Network namespace primitives: create without forking, enter, configure, find processes, remove.
+
+Namespaces are bind mounts under /var/run/netns (as `ip netns add` makes them), so every standard
+tool sees them. Entering uses setns(2) on this thread only and always returns to where it was.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import os
+import signal
+import socket
+import struct
+import time
+from pathlib import Path
+
+from pyroute2 import netns as pr_netns
+
+NETNS_DIR = Path("/var/run/netns")
+SIOCETHTOOL = 0x8946
+ETHTOOL_STXCSUM = 0x17
+
+
+def path(name: str) -> Path:
+    return NETNS_DIR / name
+
+
+def exists(name: str) -> bool:
+    return path(name).exists()
+
+
+def create(name: str) -> None:
+    """Create a named namespace in this process (no fork: ~1 ms instead of ~7 ms). Fails if it exists."""
+    pr_netns.pushns()
+    try:
+        pr_netns.setns(name, flags=os.O_CREAT | os.O_EXCL, fork=False)
+    finally:
+        pr_netns.popns()
+
+
+@contextlib.contextmanager
+def entered(name: str):
+    """Run the block inside namespace `name`; sockets opened there stay bound to it."""
+    fd = os.open(path(name), os.O_RDONLY)  # FileNotFoundError rather than pyroute2 creating it
+    pr_netns.pushns()
+    try:
+        pr_netns.setns(fd)
+        yield
+    finally:
+        pr_netns.popns()
+        os.close(fd)
+
+
+def write_sysctls(values: dict[str, str]) -> None:
+    """Write sysctls of the current namespace (/proc/sys/net follows the calling thread's namespace)."""
+    for key, value in values.items():
+        with open("/proc/sys/" + key.replace(".", "/"), "w") as f:
+            f.write(value)
+
+
+def tx_checksum_off(sock: socket.socket, ifname: str) -> None:
+    """`ethtool -K IF tx off` by ioctl: veth otherwise leaves checksums for a NIC that does not exist,
+    and captures and userspace peers see packets with bad checksums."""
+    value = ctypes.create_string_buffer(struct.pack("II", ETHTOOL_STXCSUM, 0))
+    ifreq = struct.pack("16sP", ifname.encode(), ctypes.addressof(value))
+    fcntl.ioctl(sock.fileno(), SIOCETHTOOL, ifreq)
+
+
+def inode(name: str) -> int | None:
+    try:
+        return path(name).stat().st_ino
+    except OSError:
+        return None
+
+
+def pids_in(inodes: set[int]) -> list[int]:
+    """Processes whose network namespace is one of `inodes` (what `ip netns pids` does)."""
+    out = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{entry.name}/ns/net").st_ino in inodes:
+                out.append(int(entry.name))
+        except OSError:
+            continue
+    return [p for p in out if p != os.getpid()]
+
+
+def kill_all(pids: list[int], grace: float = 2.0) -> None:
+    """SIGTERM, then SIGKILL whatever is still alive after `grace` seconds."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        alive = []
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+                alive.append(pid)
+        if not alive:
+            return
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            alive = [p for p in alive if _alive(p)]
+            if not alive:
+                return
+            time.sleep(0.02)
+        pids = alive
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def pid_alive(pid: int) -> bool:
+    return _alive(pid)
+
+
+def remove(name: str) -> bool:
+    """Unmount and unlink a namespace; the kernel frees it (and every veth in it) once unused."""
+    if not exists(name):
+        return False
+    pr_netns.remove(name)
+    return True

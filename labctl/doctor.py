@@ -1,0 +1,133 @@
+"""What this machine can do, and which mechanism each labctl feature uses on it.
+
+Kernel probes run in a throwaway namespace (removed afterwards): a qdisc kind the kernel lacks is
+refused with ENOENT, one it has fails differently (or succeeds) without options, so the probe needs
+no per-qdisc parameters.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+
+from labctl.backends import nsutil, rtnl
+
+QDISCS = ("htb", "tbf", "bfifo", "clsact", "red", "netem", "prio", "mqprio", "fq_codel")
+TOOLS = (("tcpdump", "captures"), ("tshark", "decoding RoCE in captures"), ("ethtool", "NIC offloads by hand"),
+         ("nft", "nftables (ECN marking)"), ("ip", "iproute2"), ("mn", "Mininet (optional backend/benchmark)"),
+         ("containerlab", "containerlab (export peer)"), ("dot", "Graphviz, for labctl graph | dot"))
+
+
+def _probe_namespace() -> str:
+    return f"labctl-doctor-{os.getpid()}"
+
+
+def probe_kernel() -> dict[str, bool]:
+    """qdisc kinds, veth, ESP (XFRM with an AEAD state) — each tried for real in a scratch namespace."""
+    name = _probe_namespace()
+    found: dict[str, bool] = {}
+    nsutil.create(name)
+    try:
+        with nsutil.entered(name):
+            sock = rtnl.open_socket()
+        try:
+            batch = rtnl.Batch(sock)
+            ns_fd = os.open(nsutil.path(name), os.O_RDONLY)
+            batch.add(rtnl.veth("p0", 10, "02:00:00:00:00:01", 1500, ns_fd,
+                                "p1", 11, "02:00:00:00:00:02", 1500, ns_fd), "veth")
+            try:
+                batch.commit()
+                found["veth"] = True
+            except rtnl.NetlinkError:
+                found["veth"] = False
+            finally:
+                os.close(ns_fd)
+            for kind in QDISCS:
+                index = 10 if found["veth"] else 1
+                batch.add(rtnl.qdisc_probe(index, kind), kind)
+                try:
+                    batch.commit()
+                    found[kind] = True
+                except rtnl.NetlinkError as exc:
+                    found[kind] = exc.code != 2  # ENOENT: no such qdisc kind
+                _delete_root_qdisc(sock, index)
+        finally:
+            sock.close()
+        found["esp"] = _probe_esp(name)
+        found["nftables"] = _probe_nft(name)
+    finally:
+        nsutil.remove(name)
+    return found
+
+
+def _delete_root_qdisc(sock: socket.socket, index: int) -> None:
+    body = rtnl._tcmsg(index, 0, rtnl.TC_H_ROOT)
+    b = rtnl.Batch(sock)
+    b.add((37, rtnl.CHANGE, body), "delete qdisc")  # RTM_DELQDISC
+    try:
+        b.commit()
+    except rtnl.NetlinkError:
+        pass
+
+
+def _probe_esp(name: str) -> bool:
+    """Kernel ESP: add an AES-GCM SA with `ip xfrm` (fixed arguments) in the scratch namespace."""
+    if not shutil.which("ip"):
+        return False
+    argv = ["ip", "-n", name, "xfrm", "state", "add", "src", "192.0.2.1", "dst", "192.0.2.2", "proto", "esp",
+            "spi", "0x100", "reqid", "1", "mode", "tunnel", "aead", "rfc4106(gcm(aes))",
+            "0x" + "11" * 20, "128"]
+    return subprocess.run(argv, capture_output=True).returncode == 0
+
+
+def _probe_nft(name: str) -> bool:
+    if not shutil.which("nft"):
+        return False
+    r = subprocess.run(["ip", "netns", "exec", name, "nft", "add", "table", "inet", "labctl_probe"],
+                       capture_output=True)
+    return r.returncode == 0
+
+
+def features(k: dict[str, bool]) -> list[dict]:
+    """The mechanism each feature uses here; 'planned' marks what later work will add."""
+    def pick(native: str, portable: str, have_native: bool) -> str:
+        return native if have_native else portable
+
+    return [
+        {"feature": "links", "mechanism": "veth pairs created in their namespaces (rtnetlink)",
+         "status": "in use" if k.get("veth") else "MISSING: labctl cannot run"},
+        {"feature": "shaping", "mechanism": "HTB class at the dilated link rate, burst 1 ms, bfifo leaf",
+         "status": "in use" if k.get("htb") and k.get("bfifo") else "MISSING: labctl cannot shape"},
+        {"feature": "ECMP", "mechanism": "multipath routes, fib_multipath_hash_policy=1 (L4), fixed seed",
+         "status": "in use"},
+        {"feature": "traffic classes", "mechanism": pick("mqprio/prio available; HTB classes used",
+                                                         "HTB classes + bfifo leaves (no prio/mqprio)",
+                                                         k.get("prio", False)),
+         "status": "planned (queueing issue)"},
+        {"feature": "ECN marking", "mechanism": pick("RED available; controller + nftables used",
+                                                     "controller switching nftables `ip ecn set ce`",
+                                                     k.get("red", False)),
+         "status": "planned (queueing issue)" if k.get("nftables") else "MISSING nftables"},
+        {"feature": "PFC pause", "mechanism": "per-switch controller sending 802.1Qbb frames",
+         "status": "planned (queueing issue)"},
+        {"feature": "WAN delay", "mechanism": pick("netem available; userspace delay line is the default",
+                                                   "userspace delay line (no netem here)", k.get("netem", False)),
+         "status": "planned (WAN issue)"},
+        {"feature": "WAN encryption", "mechanism": pick("kernel XFRM ESP", "userspace ESP (no kernel ESP here)",
+                                                        k.get("esp", False)),
+         "status": "planned (WAN issue)"},
+    ]
+
+
+def run() -> dict:
+    root = os.geteuid() == 0
+    kernel = probe_kernel() if root else {}
+    return {
+        "root": root,
+        "kernel": [{"name": n, "present": kernel.get(n, False),
+                    "note": "" if root else "not probed (needs root)"}
+                   for n in ("veth", *QDISCS, "nftables", "esp")],
+        "tools": [{"name": t, "present": shutil.which(t) is not None, "note": why} for t, why in TOOLS],
+        "features": features(kernel),
+    }
