@@ -14,6 +14,16 @@ LAB_RATE_MAX = 40e9
 LAB_RATE_MIN = 64e3
 
 
+def _round_up(x: float) -> int:
+    """The next 1, 2, 5 × 10^k at or above x: a dilation a person would pick."""
+    k = 1
+    while True:
+        for m in (1, 2, 5):
+            if k * m >= x:
+                return k * m
+        k *= 10
+
+
 def node_fabric(topo: Topology, name: str) -> str | None:
     """The fabric a router belongs to: its own `fabric:`, else the only fabric that fits its kind."""
     node = topo.nodes[name]
@@ -102,7 +112,7 @@ def check_topology(topo: Topology, smap: SourceMap) -> None:
             raise InputError(smap.where(key),
                              f"{format_rate(rate)} at dilation {topo.dilation:g} is {format_rate(lab_rate)} "
                              f"in the lab, more than this machine can shape ({format_rate(LAB_RATE_MAX)})",
-                             f"raise dilation to at least {rate / LAB_RATE_MAX * 10:g} so rates scale down")
+                             f"raise dilation (e.g. dilation: {_round_up(rate / LAB_RATE_MAX * 10)}) so rates scale down")
         if lab_rate < LAB_RATE_MIN:
             raise InputError(smap.where(key),
                              f"{format_rate(rate)} at dilation {topo.dilation:g} is {format_rate(lab_rate)} "

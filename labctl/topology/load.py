@@ -116,7 +116,9 @@ def load_topology(file: str | Path, sets=(), template_dirs=(), name: str | None 
 
 
 def _input_error(exc: ValidationError, smap: SourceMap) -> InputError:
-    err = exc.errors()[0]
+    # an unknown key explains a missing one next to it ("nodez" → "nodes" missing): report it first
+    errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
+    err = errors[0]
     loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p))  # drop union branch tags
     kind = err["type"]
     if kind == "extra_forbidden":
@@ -133,7 +135,7 @@ def _input_error(exc: ValidationError, smap: SourceMap) -> InputError:
         msg = msg.removeprefix("Value error, ")
     value = err.get("input")
     shown = f" (got {value!r})" if not isinstance(value, (dict, list)) else ""
-    return InputError(smap.where(loc), f"{dotted(loc)}: {msg}{shown}", _field_help(loc))
+    return InputError(smap.where(loc), f"{msg}{shown}", _field_help(loc) or "see the topology format in README.md")
 
 
 def _model_at(loc: tuple):

@@ -62,8 +62,8 @@ class Node(Strict):
 class Link(Strict):
     endpoints: list[str] = Field(min_length=2, max_length=2,
                                  description="two endpoints, `node` or `node:iface`")
-    rate: Rate | None = None
-    latency: Duration | None = None
+    rate: Rate | None = Field(None, description="the real link rate, e.g. 400G (the lab runs it / dilation)")
+    latency: Duration | None = Field(None, description="one-way propagation delay, e.g. 2us")
     mtu: int | None = Field(None, ge=1280, le=9000, description="MTU for this link, 1280..9000")
     fabric: Name | None = Field(None, description="the fabric this link belongs to (normally inferred)")
 
@@ -72,8 +72,9 @@ class Topology(Strict):
     name: str = Field(pattern=r"^[a-z][a-z0-9-]*$", max_length=24,
                       description="the lab name: lower-case letters, digits and '-', at most 24 characters")
     description: str = ""
-    dilation: float = Field(1.0, gt=0, le=1e6,
-                            description="time dilation D: lab rates are real rates / D, lab times real times x D")
+    dilation: float = Field(1000.0, gt=0, le=1e6,
+                            description="time dilation D (default 1000): lab rates are real rates / D, "
+                                        "lab times real times x D; 400G ports at D=1000 run at 400 Mbit/s")
     defaults: Defaults = Defaults()
     routing: Routing = Routing()
     fabrics: dict[Name, Fabric] = Field(default_factory=lambda: {"backend": Fabric(kind="scale-out")})

@@ -1,0 +1,66 @@
+"""Shared fixtures. Tests that build labs use their own state directory and the name prefix `lt`,
+so they never touch another lab, and always tear down what they built, even when they fail."""
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TEST_PREFIX = "lt"
+
+
+def pytest_collection_modifyitems(config, items):
+    # A test that needs root must fail loudly without it, not skip: CI runs as root.
+    pass
+
+
+@pytest.fixture
+def state_dir(tmp_path, monkeypatch):
+    d = tmp_path / "state"
+    monkeypatch.setenv("LABCTL_STATE_DIR", str(d))
+    return d
+
+
+def lab_namespaces(prefix: str) -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    return [line.split()[0] for line in out.splitlines() if line.split() and line.split()[0].startswith(prefix)]
+
+
+@pytest.fixture
+def lab_name():
+    """A unique lab name; the fixture removes any namespace left with that prefix afterwards."""
+    name = f"{TEST_PREFIX}{uuid.uuid4().hex[:6]}"
+    yield name
+    leftovers = lab_namespaces(name + "-")
+    for ns in leftovers:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    assert not leftovers, f"test left namespaces behind: {leftovers}"
+
+
+@pytest.fixture
+def built_lab(state_dir, lab_name):
+    """Build labs with a test name; destroy them whatever happens."""
+    from labctl import lab as labmod
+    from labctl import state
+    made = []
+
+    def build(file, sets=(), name=None):
+        name = name or lab_name
+        plan, d, _ = labmod.up(str(file), sets, name)
+        made.append(name)
+        return plan
+
+    yield build
+    from labctl.backends.netns import NetnsBackend
+    for name in made:
+        d = state.lab_dir(name)
+        if d.path.exists():
+            NetnsBackend().destroy(d)
+
+
+def require_root():
+    assert os.geteuid() == 0, "this test builds real namespaces and must run as root (CI does)"
