@@ -128,8 +128,9 @@ def _add_routes(nodes: dict[str, model.Node], links: list[model.Link], fabrics) 
         for lk in links:
             if lk.fabric != fabric:
                 continue
-            a, b = lk.a.split(":")[0], lk.b.split(":")[0]
-            prefixes[lk.subnet] = {a, b}
+            ends = {lk.a.split(":")[0], lk.b.split(":")[0]}
+            # a link's subnet is reached through the routers at its ends: hosts never forward
+            prefixes[lk.subnet] = {e for e in ends if nodes[e].forwarding} or ends
         for n in nodes.values():
             for i in n.interfaces:
                 if i.fabric == fabric:

@@ -1,0 +1,123 @@
+"""Planner properties on the bundled leaf-spine, checked against what the topology implies."""
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+
+import pytest
+
+from labctl.plan.compile import compile_plan
+from labctl.plan.naming import NamingError, assign_ifnames
+from labctl.topology.load import load_topology
+
+ROOT = Path(__file__).resolve().parents[1]
+LEAF_SPINE = ROOT / "topologies" / "leaf-spine.yml"
+
+
+@pytest.fixture(scope="module")
+def plan():
+    return compile_plan(load_topology(LEAF_SPINE))
+
+
+def test_default_leaf_spine_shape(plan):
+    kinds = [n.kind for n in plan.nodes]
+    assert kinds.count("switch") == 6 and kinds.count("gpu") == 8 and kinds.count("nvswitch") == 2
+    assert sorted(n.rank for n in plan.nodes if n.kind == "gpu") == list(range(8))
+
+
+def test_rail_optimised_gpu_i_on_leaf_of_rail_i(plan):
+    for n in plan.nodes:
+        if n.kind == "gpu":
+            g = int(n.name.split("gpu")[1])
+            leaf = [i.peer_node for i in n.interfaces if i.fabric == "backend"]
+            assert leaf == [f"leaf{g + 1}"]
+
+
+def test_scale_up_never_touches_backend(plan):
+    for lk in plan.links:
+        ends = [plan.node(e.split(":")[0]).kind for e in (lk.a, lk.b)]
+        if "nvswitch" in ends:
+            assert lk.fabric == "nvlink" and "switch" not in ends
+
+
+def test_ifnames_fit_and_are_unique(plan):
+    for n in plan.nodes:
+        names = [i.name for i in n.interfaces]
+        assert len(set(names)) == len(names)
+        assert all(len(x) <= 15 for x in names)
+        assert sorted(i.index for i in n.interfaces) == list(range(2, 2 + len(names)))
+
+
+def test_addresses_unique_and_p2p(plan):
+    addrs = [i.address for n in plan.nodes for i in n.interfaces] + [n.loopback for n in plan.nodes if n.loopback]
+    assert len(set(addrs)) == len(addrs)
+    for n in plan.nodes:
+        for i in n.interfaces:
+            mine = ipaddress.ip_interface(i.address)
+            assert mine.network.prefixlen == 31
+            assert ipaddress.ip_address(i.peer_address) in mine.network
+
+
+def test_leaf_reaches_remote_hosts_over_every_spine(plan):
+    leaf1 = plan.node("leaf1")
+    remote = plan.node("srv2-gpu1").iface("leaf2").address
+    net = str(ipaddress.ip_interface(remote).network)
+    route = next(r for r in leaf1.routes if r.dst == net)
+    assert sorted(h.dev for h in route.nexthops) == ["spine1", "spine2"]
+
+
+def test_spine_reaches_host_subnet_through_its_leaf_only(plan):
+    spine = plan.node("spine1")
+    net = str(ipaddress.ip_interface(plan.node("srv1-gpu2").iface("leaf3").address).network)
+    route = next(r for r in spine.routes if r.dst == net)
+    assert [h.dev for h in route.nexthops] == ["leaf3"]
+
+
+def test_every_backend_router_reaches_every_backend_prefix(plan):
+    for n in plan.nodes:
+        if not n.forwarding or n.fabric != "backend":
+            continue
+        covered = {r.dst for r in n.routes} | {str(ipaddress.ip_interface(i.address).network)
+                                               for i in n.interfaces} | {n.loopback}
+        want = {lk.subnet for lk in plan.links if lk.fabric == n.fabric}
+        want |= {m.loopback for m in plan.nodes if m.loopback and m.fabric == n.fabric}
+        assert want <= covered, (n.name, want - covered)
+
+
+def test_shaping_is_dilated_rate_with_1ms_burst(plan):
+    port = plan.node("srv1-gpu0").iface("leaf1")
+    assert port.shaping.rate_bps == 400_000_000  # 400G / 1000
+    assert port.shaping.burst_bytes == 50_000    # 1 ms at 400 Mbit/s
+
+
+def test_oversubscription_sets_uplink_rate():
+    plan = compile_plan(load_topology(LEAF_SPINE, sets=["oversubscription=2"]))
+    uplink = next(lk for lk in plan.links if lk.a.startswith("leaf1:spine1"))
+    down = sum(lk.rate_bps for lk in plan.links if lk.b.startswith("leaf1:") and "gpu" in lk.a)
+    ups = sum(lk.rate_bps for lk in plan.links if lk.a.startswith("leaf1:spine"))
+    assert down / ups == pytest.approx(2.0)
+    assert uplink.rate_bps == 200_000_000_000
+
+
+def test_top_of_rack_puts_a_server_on_one_leaf():
+    plan = compile_plan(load_topology(LEAF_SPINE, sets=["rail_optimised=false"]))
+    for s in ("srv1", "srv2"):
+        leaves = {i.peer_node for n in plan.nodes if n.server == s and n.kind == "gpu"
+                  for i in n.interfaces if i.fabric == "backend"}
+        assert len(leaves) == 1
+
+
+def test_parallel_links_get_suffixes():
+    names = assign_ifnames([("a", None, "b", None), ("a", None, "b", None), ("a", "b-2", "c", None)])
+    assert names[0] == ("b", "a") and names[1] == ("b-3", "a-2") and names[2] == ("b-2", "a")
+
+
+def test_long_peer_name_is_an_error():
+    with pytest.raises(NamingError, match="at most 15"):
+        assign_ifnames([("a", None, "x" * 16, None)])
+
+
+def test_scale_up_domains_are_separate_islands(plan):
+    nvs1 = plan.node("srv1-nvs")
+    srv2_nvlink = {lk.subnet for lk in plan.links if "srv2-nvs" in lk.b}
+    assert srv2_nvlink and not srv2_nvlink & {r.dst for r in nvs1.routes}
