@@ -40,7 +40,15 @@ def search_path(lab_file: Path | None, extra: tuple[str, ...] = ()) -> list[Path
     path += [Path(p) for p in os.environ.get("LABCTL_TEMPLATES", "").split(os.pathsep) if p]
     path.append(Path.home() / ".config" / "labctl" / "templates")
     path.append(bundled_dir())
-    return [p for p in path if p.is_dir()]
+    return [p for p in path if _readable_dir(p)]
+
+
+def _readable_dir(p: Path) -> bool:
+    """An unreadable directory on the path (another user's home under sudo) is skipped, not fatal."""
+    try:
+        return p.is_dir() and os.access(p, os.R_OK | os.X_OK)
+    except OSError:
+        return False
 
 
 @dataclass

@@ -1,0 +1,177 @@
+"""The netns backend on real namespaces, veths and qdiscs: build, reach, route, tear down."""
+from __future__ import annotations
+
+import itertools
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import lab_namespaces, require_root
+from labctl import lab as labmod
+from labctl import state
+from labctl.backends import nsutil
+from netutil import ping, send_udp
+
+ROOT = Path(__file__).resolve().parents[1]
+LEAF_SPINE = ROOT / "topologies" / "leaf-spine.yml"
+
+pytestmark = pytest.mark.netns
+
+
+def gpu_addresses(plan) -> dict[str, str]:
+    return {n.name: next(i.address.split("/")[0] for i in n.interfaces if i.fabric == "backend")
+            for n in plan.nodes if n.kind == "gpu"}
+
+
+def test_every_gpu_pings_every_other_gpu_across_the_fabric(built_lab, lab_name):
+    require_root()
+    plan = built_lab(LEAF_SPINE)
+    addrs = gpu_addresses(plan)
+    assert len(addrs) == 8
+    procs = {}
+    for a, b in itertools.permutations(addrs, 2):
+        procs[(a, b)] = ping(plan.node(a).namespace, addrs[b])
+    failed = [(a, b) for (a, b), p in procs.items() if p.wait(timeout=10) != 0]
+    assert not failed, f"{len(failed)} of {len(procs)} pings failed: {failed[:5]}"
+
+
+def test_status_reports_every_port_up_with_the_planned_address(built_lab, lab_name):
+    require_root()
+    plan = built_lab(LEAF_SPINE)
+    s = labmod.status(state.lab_dir(lab_name))
+    ports = [p for n in s["nodes"] for p in n["interfaces"]]
+    assert len(ports) == 2 * len(plan.links)
+    assert {p["state"] for p in ports} == {"up"}
+    assert all(n["present"] for n in s["nodes"])
+    live = subprocess.run(["ip", "-n", plan.node("leaf1").namespace, "-br", "addr", "show", "spine1"],
+                          capture_output=True, text=True, check=True).stdout
+    assert plan.node("leaf1").iface("spine1").address in live
+
+
+def test_every_port_is_shaped_with_htb_at_the_dilated_rate(built_lab, lab_name):
+    require_root()
+    plan = built_lab(LEAF_SPINE)
+    from pyroute2 import IPRoute
+    for node in (plan.node("leaf1"), plan.node("srv1-gpu0")):
+        with nsutil.entered(node.namespace):
+            ipr = IPRoute()
+        try:
+            for iface in node.interfaces:
+                classes = [c for c in ipr.get_classes(index=iface.index) if c.get_attr("TCA_KIND") == "htb"]
+                rates = [c.get_attr("TCA_OPTIONS").get_attr("TCA_HTB_PARMS")["rate"] for c in classes]
+                assert rates == [iface.shaping.rate_bps // 8], (node.name, iface.name)
+                leaves = [q.get_attr("TCA_KIND") for q in ipr.get_qdiscs(index=iface.index)
+                          if q["index"] == iface.index]
+                assert sorted(leaves) == ["bfifo", "htb"]
+        finally:
+            ipr.close()
+
+
+def test_route_predicts_the_spine_and_real_udp_follows_it(built_lab, lab_name):
+    """labctl route asks the kernel per source port; real flows then show the same split in counters."""
+    require_root()
+    plan = built_lab(LEAF_SPINE)
+    src, dst = plan.node("srv1-gpu0"), plan.node("srv2-gpu1")
+    dst_addr = gpu_addresses(plan)["srv2-gpu1"]
+    sports = range(49152, 49152 + 32)
+    predicted = {}
+    for sport in sports:
+        hops = labmod.trace_path(plan, src.name, dst.name, sport, 4791)
+        assert [h["node"] for h in hops][0::4] == ["srv1-gpu0", "srv2-gpu1"]
+        predicted[sport] = hops[2]["node"]  # gpu -> leaf1 -> spineN -> leaf2 -> gpu
+    assert set(predicted.values()) == {"spine1", "spine2"}, "32 ports should use both spines"
+
+    leaf1 = plan.node("leaf1")
+    per_flow = 50
+    before = labmod.live_links(leaf1.namespace)
+    for sport in sports:
+        send_udp(src.namespace, dst_addr, sport, 4791, b"x" * 1000, per_flow)
+    after = labmod.live_links(leaf1.namespace)
+    sent = {s: after[s]["tx_packets"] - before[s]["tx_packets"] for s in ("spine1", "spine2")}
+    expected = {s: per_flow * sum(1 for v in predicted.values() if v == s) for s in ("spine1", "spine2")}
+    for spine in ("spine1", "spine2"):
+        # a few ARP packets may cross too; the UDP counts must match the prediction exactly otherwise
+        assert expected[spine] <= sent[spine] <= expected[spine] + 4, (sent, expected)
+
+
+def test_down_leaves_no_namespace_process_or_record(built_lab, lab_name, state_dir):
+    require_root()
+    plan = built_lab(LEAF_SPINE)
+    sleeper = subprocess.Popen(["ip", "netns", "exec", plan.node("leaf1").namespace, "sleep", "60"])
+    try:
+        removed = labmod.down(lab_name)
+        assert len(removed) == len(plan.nodes)
+        assert sleeper.wait(timeout=5) is not None, "a process inside the lab survived down"
+    finally:
+        if sleeper.poll() is None:
+            sleeper.kill()
+    assert lab_namespaces(lab_name + "-") == []
+    assert not state.lab_dir(lab_name).path.exists()
+
+
+def test_down_works_without_the_topology_file(built_lab, lab_name, tmp_path):
+    require_root()
+    copy = tmp_path / "mine.yml"
+    copy.write_text(LEAF_SPINE.read_text())
+    built_lab(copy)
+    copy.unlink()
+    labmod.down(lab_name)
+    assert lab_namespaces(lab_name + "-") == []
+
+
+def test_two_labs_side_by_side(built_lab, lab_name):
+    require_root()
+    other = lab_name + "b"
+    try:
+        plan_a = built_lab(LEAF_SPINE)
+        plan_b = built_lab(LEAF_SPINE, name=other)
+        assert plan_a.node("leaf1").namespace != plan_b.node("leaf1").namespace
+        labmod.down(lab_name)
+        addrs = gpu_addresses(plan_b)
+        p = ping(plan_b.node("srv1-gpu0").namespace, addrs["srv2-gpu3"])
+        assert p.wait(timeout=10) == 0, p.stdout.read()
+        assert lab_namespaces(lab_name + "-") == []
+        assert len(lab_namespaces(other + "-")) == len(plan_b.nodes)
+    finally:
+        if state.lab_dir(other).path.exists():
+            labmod.down(other)
+
+
+def test_failure_half_way_rolls_back_everything(state_dir, lab_name):
+    """A route the kernel refuses (gateway not on any connected subnet), on the last node to be set up."""
+    require_root()
+    from labctl.backends.netns import NetnsBackend
+    from labctl.errors import LabError
+    from labctl.plan.compile import compile_plan
+    from labctl.plan.model import NextHop, Route
+    from labctl.topology.load import load_topology
+    plan = compile_plan(load_topology(LEAF_SPINE, name=lab_name))
+    last = plan.nodes[-1]
+    last.routes.append(Route("10.200.0.0/24", [NextHop("10.250.0.1", last.interfaces[0].name)]))
+    d = state.claim(lab_name, plan.to_dict(), None)
+    with pytest.raises(LabError, match="route 10.200.0.0/24"):
+        NetnsBackend().apply(plan, d)
+    assert lab_namespaces(lab_name + "-") == []
+    assert not d.path.exists()
+
+
+def test_existing_namespace_is_never_taken_over(state_dir, lab_name):
+    require_root()
+    from labctl.errors import LabError
+    squatter = f"{lab_name}-leaf1"
+    subprocess.run(["ip", "netns", "add", squatter], check=True)
+    try:
+        with pytest.raises(LabError, match="already exists"):
+            labmod.up(str(LEAF_SPINE), name=lab_name)
+        assert lab_namespaces(lab_name + "-") == [squatter]
+    finally:
+        subprocess.run(["ip", "netns", "del", squatter], check=True)
+
+
+def test_up_of_a_running_lab_is_refused(built_lab, lab_name):
+    require_root()
+    from labctl.errors import LabError
+    built_lab(LEAF_SPINE)
+    with pytest.raises(LabError, match="already up"):
+        labmod.up(str(LEAF_SPINE), name=lab_name)

@@ -1,0 +1,144 @@
+"""Lifecycle through the real CLI: a killed `up` cleaned from its record, non-root use, doctor."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import lab_namespaces, require_root
+from netutil import wait_for
+
+ROOT = Path(__file__).resolve().parents[1]
+LEAF_SPINE = ROOT / "topologies" / "leaf-spine.yml"
+
+pytestmark = pytest.mark.netns
+
+
+def labctl(*args, env=None, **kw):
+    return subprocess.run([sys.executable, "-m", "labctl", *args], capture_output=True, text=True,
+                          env=env, **kw)
+
+
+def test_sigkill_half_way_then_clean_removes_it_all_and_nothing_else(state_dir, lab_name):
+    require_root()
+    bystander = f"{lab_name}x-bystander"
+    subprocess.run(["ip", "netns", "add", bystander], check=True)
+    env = {**os.environ, "LABCTL_STATE_DIR": str(state_dir)}
+    try:
+        # a big lab, so that there is time to kill it while it builds
+        proc = subprocess.Popen([sys.executable, "-m", "labctl", "up", str(LEAF_SPINE), "--name", lab_name,
+                                 "--set", "servers=48", "--set", "gpus_per_server=4"],
+                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        journal = state_dir / lab_name / "journal"
+        assert wait_for(lambda: journal.exists() and journal.read_text().count("\n") >= 20, timeout=30)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        record = json.loads((state_dir / lab_name / "state.json").read_text())
+        assert record["status"] == "building", "the build finished before it could be killed"
+        made = lab_namespaces(lab_name + "-")
+        assert len(made) >= 20
+
+        r = labctl("up", str(LEAF_SPINE), "--name", lab_name, env=env)
+        assert r.returncode == 1 and "labctl clean" in r.stderr, r.stderr
+
+        r = labctl("clean", env=env)
+        assert r.returncode == 0, r.stderr
+        assert "build interrupted" in r.stdout
+        assert lab_namespaces(lab_name + "-") == []
+        assert not (state_dir / lab_name).exists()
+        assert bystander in lab_namespaces(lab_name)
+    finally:
+        subprocess.run(["ip", "netns", "del", bystander], capture_output=True)
+        for ns in lab_namespaces(lab_name + "-"):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def test_cli_up_status_route_exec_down(state_dir, lab_name):
+    require_root()
+    env = {**os.environ, "LABCTL_STATE_DIR": str(state_dir)}
+    try:
+        r = labctl("up", str(LEAF_SPINE), "--name", lab_name, env=env)
+        assert r.returncode == 0, r.stderr
+        assert f"lab {lab_name} is up" in r.stdout
+        r = labctl("status", lab_name, "--json", env=env)
+        s = json.loads(r.stdout)
+        assert len(s["nodes"]) == 16 and all(p["state"] == "up" for n in s["nodes"] for p in n["interfaces"])
+        r = labctl("route", "srv1-gpu0", "srv2-gpu1", "--lab", lab_name, "--sport", "49152", env=env)
+        assert r.returncode == 0 and "srv1-gpu0 (leaf1) -> leaf1 (spine" in r.stdout, r.stdout + r.stderr
+        r = labctl("exec", "srv1-gpu0", "--lab", lab_name, "--", "ip", "-br", "addr", env=env)
+        assert "10.1.0.17/31" not in r.stdout and "10.1.0.16/31" in r.stdout
+        r = labctl("graph", lab_name, "--format", "dot", env=env)
+        assert r.stdout.startswith(f'graph "{lab_name}"') and r.stdout.count(" -- ") == 24
+        r = labctl("down", str(LEAF_SPINE), env=env)  # by file: the file names lab "ls", not ours
+        assert r.returncode == 1 and "is not up" in r.stderr
+        r = labctl("down", lab_name, env=env)
+        assert r.returncode == 0, r.stderr
+        assert lab_namespaces(lab_name + "-") == []
+    finally:
+        labctl("down", lab_name, env=env)
+
+
+DROP_TO_NOBODY = """
+import os, sys
+# import everything first: after the drop, the interpreter under /root (mode 700) is unreadable
+import labctl.cli, labctl.lab, labctl.plan.compile, labctl.topology.load, labctl.backends.netns, rich.progress
+import encodings.unicode_escape, encodings.idna
+os.setgroups([]); os.setresgid(65534, 65534, 65534); os.setresuid(65534, 65534, 65534)
+assert os.geteuid() == 65534
+sys.argv = ["labctl"] + sys.argv[1:]
+labctl.cli.main()
+"""
+
+
+def test_non_root_gets_a_clear_error_and_nothing_is_made(state_dir, lab_name, tmp_path):
+    require_root()
+    os.chmod(tmp_path, 0o777)
+    env = {**os.environ, "LABCTL_STATE_DIR": str(tmp_path / "nobody"), "HOME": str(tmp_path)}
+    r = subprocess.run([sys.executable, "-c", DROP_TO_NOBODY, "up", str(LEAF_SPINE), "--name", lab_name],
+                       capture_output=True, text=True, env=env, cwd=str(ROOT))
+    assert r.returncode == 1, r.stderr
+    assert "needs root" in r.stderr and "sudo" in r.stderr
+    assert lab_namespaces(lab_name + "-") == []
+    assert not (tmp_path / "nobody" / lab_name).exists()
+
+
+def test_bad_file_exits_2_and_creates_nothing(state_dir, lab_name):
+    require_root()
+    env = {**os.environ, "LABCTL_STATE_DIR": str(state_dir)}
+    r = labctl("up", str(ROOT / "tests/bad/05-dangling-endpoint.yml"), "--name", lab_name, env=env)
+    assert r.returncode == 2
+    assert "05-dangling-endpoint.yml:11" in r.stderr and "fix:" in r.stderr
+    assert lab_namespaces(lab_name + "-") == [] and not (state_dir / lab_name).exists()
+
+
+def test_doctor_finds_what_this_kernel_has_and_leaves_nothing(state_dir):
+    require_root()
+    before = set(lab_namespaces(""))
+    r = labctl("doctor", "--json")
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    kernel = {k["name"]: k["present"] for k in report["kernel"]}
+    assert kernel["veth"] and kernel["htb"] and kernel["bfifo"]
+    # cross-check one absent and one present answer against the tc command line
+    for kind, args in (("tbf", ["tbf", "rate", "1mbit", "burst", "10k", "latency", "10ms"]),
+                       ("netem", ["netem", "delay", "1ms"])):
+        ns = f"ltdoc{os.getpid()}"
+        subprocess.run(["ip", "netns", "add", ns], check=True)
+        try:
+            subprocess.run(["ip", "-n", ns, "link", "add", "pa", "type", "veth", "peer", "name", "pb"], check=True)
+            ok = subprocess.run(["tc", "-n", ns, "qdisc", "add", "dev", "pa", "root", *args],
+                                capture_output=True).returncode == 0
+        finally:
+            subprocess.run(["ip", "netns", "del", ns], check=True)
+        assert kernel[kind] == ok, kind
+    features = {f["feature"]: f for f in report["features"]}
+    assert "HTB" in features["shaping"]["mechanism"]
+    if not kernel["netem"]:
+        assert "delay line" in features["WAN delay"]["mechanism"]
+    assert set(lab_namespaces("")) == before
