@@ -280,6 +280,29 @@ def route(node, dest, lab_name, sport, dport):
 
 
 @cli.command()
+@click.argument("lab", required=False)
+@click.option("--fabric", help="only this fabric (default: every fabric)")
+def pingall(lab, fabric):
+    """Ping every host from every other host, over each fabric they share (like Mininet's pingall).
+
+    Exits non-zero if any pair cannot reach the other.
+
+    \b
+    Example:
+      sudo labctl pingall ls
+      sudo labctl pingall ls --fabric backend
+    """
+    from labctl import lab as labmod
+    p = labmod.load_plan(labmod.default_lab(lab))
+    tried, failed = labmod.pingall(p, fabric)
+    for a, b in failed:
+        click.echo(f"  {a} -> {b}: no reply")
+    click.echo(f"pingall {p.lab}: {tried - len(failed)}/{tried} pairs reachable")
+    if failed or not tried:
+        raise SystemExit(1)
+
+
+@cli.command()
 @click.option("--json", "as_json", is_flag=True)
 def doctor(as_json):
     """Check this machine: root, kernel features, tools, and which mechanism each feature uses here.

@@ -204,3 +204,31 @@ def trace_path(plan: LabPlan, start: str, dest: str, sport: int | None, dport: i
 
 def plan_json(plan: LabPlan) -> str:
     return json.dumps(plan.to_dict(), indent=1)
+
+
+def pingall(plan: LabPlan, fabric: str | None = None, kinds=("gpu", "storage", "host"),
+            parallel: int = 64) -> tuple[int, list[tuple[str, str]]]:
+    """Ping every host from every other host over each fabric they share (Mininet's pingall).
+
+    Returns the number of pairs tried and the pairs that failed. Pings run `parallel` at a time.
+    """
+    import subprocess
+    require_root("labctl pingall")
+    pairs = []
+    for f in plan.fabrics:
+        if fabric and f != fabric:
+            continue
+        members = [(n, i) for n in plan.nodes if n.kind in kinds for i in n.interfaces if i.fabric == f]
+        if plan.fabrics[f].kind == "scale-up":  # islands: only GPUs of one server reach each other
+            pairs += [(a, b, bi) for a, _ in members for b, bi in members
+                      if a.name != b.name and a.server == b.server]
+        else:
+            pairs += [(a, b, bi) for a, _ in members for b, bi in members if a.name != b.name]
+    failed = []
+    for start in range(0, len(pairs), parallel):
+        procs = [(a, b, subprocess.Popen(["ip", "netns", "exec", a.namespace, "ping", "-n", "-q", "-c", "1",
+                                          "-W", "2", bi.address.split("/")[0]],
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                 for a, b, bi in pairs[start:start + parallel]]
+        failed += [(a.name, b.name) for a, b, p in procs if p.wait() != 0]
+    return len(pairs), failed

@@ -105,7 +105,7 @@ def claim(name: str, plan: dict, topology_file: str | None) -> LabDir:
                            f"`labctl down {name}` first, or start a second copy with --name {name}2") from None
         raise LabError(f"lab {name!r} has remains of an interrupted run in {d.path}",
                        "`labctl clean` removes them") from None
-    (d.path / "plan.json").write_text(json.dumps(plan, indent=1))
+    (d.path / "plan.json").write_text(json.dumps(plan))  # compact: the C encoder, 10x faster
     d.write_state(lab=name, status="building", pid=os.getpid(), started=time.time(),
                   topology_file=topology_file)
     return d

@@ -34,6 +34,9 @@ def test_every_gpu_pings_every_other_gpu_across_the_fabric(built_lab, lab_name):
         procs[(a, b)] = ping(plan.node(a).namespace, addrs[b])
     failed = [(a, b) for (a, b), p in procs.items() if p.wait(timeout=10) != 0]
     assert not failed, f"{len(failed)} of {len(procs)} pings failed: {failed[:5]}"
+    # pingall agrees: 56 backend pairs + 2 servers x 12 NVLink pairs
+    tried, failed = labmod.pingall(plan)
+    assert (tried, failed) == (56 + 24, [])
 
 
 def test_status_reports_every_port_up_with_the_planned_address(built_lab, lab_name):

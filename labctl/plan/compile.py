@@ -12,6 +12,16 @@ from labctl.topology.schema import ROUTER_KINDS, Topology
 ETH_HEADER = 14
 
 
+def link_ifindex(link: int, end: int) -> int:
+    """The ifindex of one end of a link: unique in the lab and never equal to its peer's.
+
+    The kernel handles a veth's carrier change at once only if ifindex != iflink (the peer's
+    ifindex); otherwise linkwatch batches it up to a second later, and until then the port's
+    qdisc is noop and drops. Numbering ends 2+2k and 3+2k keeps every `up` fast.
+    """
+    return 2 + 2 * link + end
+
+
 def default_pools(index: int) -> tuple[str, str]:
     """Address pools of the index-th fabric (1-based) when the lab does not give them."""
     return f"10.{index}.0.0/16", f"10.{100 + index}.0.0/24"
@@ -88,11 +98,11 @@ def compile_plan(loaded: Loaded) -> model.LabPlan:
         mtu = lk.mtu or topo.defaults.mtu
         links.append(model.Link(i, f"{a}:{ia}", f"{b}:{ib}", fabric, str(subnet), rate, lab_rate,
                                 latency, int(round(latency * topo.dilation)), mtu))
-        for node, ifname, mine, peer, peer_if, theirs in ((a, ia, addr_a, b, ib, addr_b),
-                                                            (b, ib, addr_b, a, ia, addr_a)):
+        for end, (node, ifname, mine, peer, peer_if, theirs) in enumerate(((a, ia, addr_a, b, ib, addr_b),
+                                                                            (b, ib, addr_b, a, ia, addr_a))):
             n = nodes[node]
             n.interfaces.append(model.Interface(
-                name=ifname, index=len(n.interfaces) + 2, mac=naming.mac(n.index, len(n.interfaces)),
+                name=ifname, index=link_ifindex(i, end), mac=naming.mac(n.index, len(n.interfaces)),
                 mtu=mtu, address=f"{mine}/31", peer_node=peer, peer_iface=peer_if,
                 peer_address=str(theirs), link=i, fabric=fabric,
                 shaping=shaping_for(lab_rate, mtu, topo.defaults.buffer),
@@ -139,10 +149,11 @@ def _add_routes(nodes: dict[str, model.Node], links: list[model.Link], fabrics) 
                 prefixes[n.loopback] = {n.name}
         routers = {n for n in adj if nodes[n].forwarding}
         dist = {r: routing.shortest_hops(r, adj, routers) for r in routers}
+        in_order = routing.ordered(prefixes)
         for name in sorted(adj, key=lambda x: nodes[x].index):
             node = nodes[name]
             if node.forwarding:
-                for prefix, hops in routing.router_routes(name, prefixes, adj, routers, dist):
+                for prefix, hops in routing.router_routes(name, in_order, adj, routers, dist):
                     node.routes.append(model.Route(prefix, [model.NextHop(h.peer_address, h.local_if)
                                                             for h in hops]))
             else:

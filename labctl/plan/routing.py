@@ -34,9 +34,14 @@ def shortest_hops(start: str, adj: dict[str, list[Adjacency]], routers: set[str]
     return dist
 
 
-def router_routes(router: str, prefixes: dict[str, set[str]], adj: dict[str, list[Adjacency]],
+def ordered(prefixes: dict[str, set[str]]) -> list[tuple[str, set[str]]]:
+    """Prefixes in address order (routes are emitted in this order), sorted once per fabric."""
+    return sorted(prefixes.items(), key=lambda kv: _net_key(kv[0]))
+
+
+def router_routes(router: str, prefixes: list[tuple[str, set[str]]], adj: dict[str, list[Adjacency]],
                   routers: set[str], dist: dict[str, dict[str, int]]) -> list[tuple[str, list[Adjacency]]]:
-    """(prefix, ECMP next-hops) for one router. `prefixes` maps a prefix to the nodes it is attached to."""
+    """(prefix, ECMP next-hops) for one router; `prefixes` holds (prefix, nodes it is attached to)."""
     def prefix_dist(node: str, owners: set[str]) -> float:
         if node in owners:
             return 0
@@ -46,8 +51,7 @@ def router_routes(router: str, prefixes: dict[str, set[str]], adj: dict[str, lis
         return min((d[o] for o in owners if o in d), default=float("inf"))
 
     out = []
-    for prefix in sorted(prefixes, key=_net_key):
-        owners = prefixes[prefix]
+    for prefix, owners in prefixes:
         here = prefix_dist(router, owners)
         if here == 0 or here == float("inf"):
             continue

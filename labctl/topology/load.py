@@ -38,6 +38,12 @@ def parse_sets(sets: tuple[str, ...] | list[str]) -> dict:
 
 def render_topology(file: str | Path, sets=(), template_dirs=()) -> tuple[str, SourceMap, str | None]:
     """The full lab YAML text: the file itself, or what its template renders to."""
+    text, smap, template, _ = _render(file, sets, template_dirs)
+    return text, smap, template
+
+
+def _render(file: str | Path, sets=(), template_dirs=()):
+    """(text, its source map, template name or None, the parsed data), parsing each text once."""
     path = Path(file)
     try:
         text = path.read_text()
@@ -54,8 +60,8 @@ def render_topology(file: str | Path, sets=(), template_dirs=()) -> tuple[str, S
             for key, value in overrides.items():
                 _set_dotted(data, key, value)
             text = yaml.safe_dump(data, sort_keys=False)
-            smap = load_yaml(text, f"{path} (with --set)")[1]
-        return text, smap, None
+            data, smap = load_yaml(text, f"{path} (with --set)")
+        return text, smap, None, data
 
     for key in data:
         if key not in TEMPLATE_LAB_KEYS:
@@ -87,7 +93,7 @@ def render_topology(file: str | Path, sets=(), template_dirs=()) -> tuple[str, S
     rdata, rmap = load_yaml(rendered, origin)
     if isinstance(rdata, dict) and data.get("description"):
         rdata["description"] = data["description"]
-    return rendered, rmap, name
+    return rendered, rmap, name, rdata
 
 
 def _set_dotted(data: dict, key: str, value) -> None:
@@ -101,8 +107,7 @@ def _set_dotted(data: dict, key: str, value) -> None:
 
 
 def load_topology(file: str | Path, sets=(), template_dirs=(), name: str | None = None) -> Loaded:
-    text, smap, template = render_topology(file, sets, template_dirs)
-    data, smap = load_yaml(text, smap.file)
+    text, smap, template, data = _render(file, sets, template_dirs)
     if not isinstance(data, dict):
         raise InputError(Where(smap.file, 1), "the lab is empty", "add name:, nodes: and links:")
     if name is not None:

@@ -44,7 +44,7 @@ def dotted(path: Path) -> str:
 def load_yaml(text: str, file: str) -> tuple[object, SourceMap]:
     smap = SourceMap(file)
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        node = yaml.compose(text, Loader=_COMPOSER)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = mark.line + 1 if mark else None
@@ -78,3 +78,5 @@ def _convert(node: yaml.Node, path: Path, smap: SourceMap) -> object:
 
 
 _LOADER = yaml.SafeLoader("")
+# libyaml's composer gives the same nodes and marks ~10x faster; pure Python where it is missing
+_COMPOSER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Install labctl and everything it needs on Debian 12 / Ubuntu 24.04, as root. Safe to run again.
+#   ./install.sh          install: system packages, a virtualenv in .venv, /usr/local/bin/labctl
+#   ./install.sh --demo   install, then build the bundled leaf-spine lab, ping across it, show it,
+#                         and take it down again
+# The Vagrantfile provisions with this script; CI runs it too (.ci/run → test.sh).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+demo=0
+for arg in "$@"; do
+  case "$arg" in
+    --demo) demo=1 ;;
+    -h|--help) sed -n '2,6p' "$0"; exit 0 ;;
+    *) echo "install.sh: unknown option $arg (try --help)" >&2; exit 2 ;;
+  esac
+done
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install.sh: run as root (sudo $0 $*): labctl creates namespaces and installs system packages" >&2
+  exit 1
+fi
+
+say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
+
+# iproute2 (ip, tc), tcpdump/tshark (captures and RoCE decoding), ethtool, nftables (ECN marking),
+# ping, and a Python >= 3.11 with venv.
+packages=(iproute2 tcpdump tshark ethtool nftables iputils-ping procps python3 python3-venv python3-pip)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  say "installing system packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+else
+  say "system packages present"
+fi
+
+python=${PYTHON:-python3}
+if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+  echo "install.sh: labctl needs Python >= 3.11; $($python --version 2>&1) found (set PYTHON=/path/to/python3.11)" >&2
+  exit 1
+fi
+if [ ! -x "$here/.venv/bin/python" ]; then
+  say "creating virtualenv $here/.venv"
+  "$python" -m venv "$here/.venv"
+fi
+say "installing labctl into $here/.venv"
+"$here/.venv/bin/python" -m pip install -q --disable-pip-version-check -e "$here[test]"
+ln -sf "$here/.venv/bin/labctl" /usr/local/bin/labctl
+say "labctl $("$here/.venv/bin/labctl" --version | awk '{print $NF}') installed as /usr/local/bin/labctl"
+
+if [ "$demo" -eq 1 ]; then
+  lab=ls
+  trap 'labctl down "$lab" >/dev/null 2>&1 || true' EXIT
+  say "labctl up topologies/leaf-spine.yml"
+  labctl up "$here/topologies/leaf-spine.yml"
+  say "labctl pingall $lab"
+  labctl pingall "$lab"
+  say "labctl route srv1-gpu0 srv2-gpu1 (four UDP source ports, as ECMP spreads them)"
+  for sport in 49152 49153 49154 49155; do labctl route srv1-gpu0 srv2-gpu1 --lab "$lab" --sport "$sport"; done
+  say "labctl status $lab"
+  COLUMNS=${COLUMNS:-140} labctl status "$lab"
+  say "labctl down $lab"
+  labctl down "$lab"
+  trap - EXIT
+  say "demo done: the lab came up, every GPU reached every other, and nothing is left behind"
+fi
