@@ -21,6 +21,8 @@ _SIZE_UNITS = {
 
 
 def _split(text: str, what: str, examples: str) -> tuple[float, str]:
+    if not isinstance(text, str):
+        raise ValueError(f"{text!r} is not a {what}; write it like {examples}")
     m = re.fullmatch(_NUM + r"(?P<unit>[A-Za-zµ/]*)", text.strip())
     if not m:
         raise ValueError(f"{text!r} is not a {what}; write it like {examples}")

@@ -120,7 +120,7 @@ def load_topology(file: str | Path, sets=(), template_dirs=(), name: str | None 
     return Loaded(topo, smap, text, Path(file), template)
 
 
-def _input_error(exc: ValidationError, smap: SourceMap) -> InputError:
+def _input_error(exc: ValidationError, smap: SourceMap, root=None) -> InputError:
     # an unknown key explains a missing one next to it ("nodez" → "nodes" missing): report it first
     errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
     err = errors[0]
@@ -128,25 +128,25 @@ def _input_error(exc: ValidationError, smap: SourceMap) -> InputError:
     kind = err["type"]
     if kind == "extra_forbidden":
         parent, key = loc[:-1], loc[-1]
-        allowed = _allowed_keys(parent)
+        allowed = _allowed_keys(parent, root)
         hint = tpl.did_you_mean(str(key), allowed)
         return InputError(smap.where(loc), f"unknown key {key!r}{hint}",
                           f"allowed keys here: {', '.join(allowed)}" if allowed else "remove it")
     if kind == "missing":
         return InputError(smap.where(loc[:-1]), f"missing required key {loc[-1]!r}",
-                          _field_help(loc) or f"add `{loc[-1]}:`")
+                          _field_help(loc, root) or f"add `{loc[-1]}:`")
     msg = err["msg"]
     if kind == "value_error":  # our unit parsers: "Value error, '4x' is not a rate; ..."
         msg = msg.removeprefix("Value error, ")
     value = err.get("input")
     shown = f" (got {value!r})" if not isinstance(value, (dict, list)) else ""
-    return InputError(smap.where(loc), f"{msg}{shown}", _field_help(loc) or "see the topology format in README.md")
+    return InputError(smap.where(loc), f"{msg}{shown}", _field_help(loc, root) or "see the format in README.md")
 
 
-def _model_at(loc: tuple):
+def _model_at(loc: tuple, root=None):
     """The pydantic model class that a location's parent refers to, for listing allowed keys."""
     from labctl.topology import schema
-    model = schema.Topology
+    model = root or schema.Topology
     for part in loc:
         if model is None or isinstance(part, int):
             continue
@@ -170,13 +170,13 @@ def _inner_model(annotation):
     return None
 
 
-def _allowed_keys(parent: tuple) -> list[str]:
-    model = _model_at(parent)
+def _allowed_keys(parent: tuple, root=None) -> list[str]:
+    model = _model_at(parent, root)
     return list(model.model_fields) if model is not None else []
 
 
-def _field_help(loc: tuple) -> str | None:
-    model = _model_at(loc[:-1])
+def _field_help(loc: tuple, root=None) -> str | None:
+    model = _model_at(loc[:-1], root)
     if model is None or not isinstance(loc[-1], str):
         return None
     field = model.model_fields.get(loc[-1])

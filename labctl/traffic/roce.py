@@ -13,8 +13,11 @@ import struct
 import zlib
 from functools import lru_cache
 
-from scapy.all import raw
-from scapy.contrib.roce import AETH, BTH, CNPPadding
+import logging
+
+logging.getLogger("scapy.runtime").setLevel(logging.ERROR)  # before scapy loads: no banner or warnings
+from scapy.all import raw  # noqa: E402
+from scapy.contrib.roce import AETH, BTH, CNPPadding  # noqa: E402
 
 ROCE_PORT = 4791
 DSCP_DATA = 26        # RoCE data: priority 3, lossless, ECN-capable
@@ -59,7 +62,9 @@ def udp_sport(local_qpn: int, remote_qpn: int) -> int:
 
 @lru_cache(maxsize=None)
 def bth_template(opcode: int, padcnt: int = 0, ackreq: bool = False, becn: bool = False) -> bytes:
-    """The 12 BTH bytes for an opcode, crafted by scapy (its trailing ICRC placeholder dropped)."""
+    """The 12 BTH bytes for an opcode, crafted by scapy (its trailing ICRC placeholder dropped;
+    scapy warns that it has no UDP layer to compute it over, which is why it is dropped)."""
+    logging.getLogger("scapy").setLevel(logging.ERROR)
     return raw(BTH(opcode=opcode, padcount=padcnt, ackreq=int(ackreq), becn=int(becn), pkey=0xFFFF,
                    dqpn=0, psn=0))[:BTH_LEN]
 

@@ -1,0 +1,56 @@
+"""The terminal table, in nccl-tests' format, with the α-β ideal, in lab and real-fabric time."""
+from __future__ import annotations
+
+from statistics import mean
+
+
+def summarize(results: list[dict]) -> list[dict]:
+    """One row per (label), averaged over iterations, as nccl-tests averages its iterations."""
+    rows: dict[str, list[dict]] = {}
+    for r in results:
+        rows.setdefault(r["label"], []).append(r)
+    out = []
+    for label, rs in rows.items():
+        first = rs[0]
+        out.append({"label": label, "collective": first["collective"], "size": first["size"], "n": first["n"],
+                    "time_s": mean(r["time_s"] for r in rs), "algbw_GBps": mean(r["algbw_GBps"] for r in rs),
+                    "busbw_GBps": mean(r["busbw_GBps"] for r in rs), "ideal_s": first["ideal_s"],
+                    "wrong": sum(r["wrong"] for r in rs), "dilation_time": None,
+                    "real_time_s": mean(r["real"]["time_s"] for r in rs),
+                    "real_algbw": mean(r["real"]["algbw_GBps"] for r in rs),
+                    "real_busbw": mean(r["real"]["busbw_GBps"] for r in rs)})
+    return out
+
+
+def table(doc: dict) -> str:
+    rows = summarize(doc["results"])
+    d = doc["dilation"]
+    lines = [f"# labctl run {doc['workload']} on lab {doc['lab']}: {len(doc['ranks'])} ranks, dilation {d:g}",
+             "#  lab time (what the namespaces measured)                                      "
+             "| real-fabric equivalent (lab time / dilation)",
+             f"# {'size':>11} {'count':>11} {'type':>6} {'redop':>6} {'root':>5} {'time':>11} {'algbw':>7} "
+             f"{'busbw':>7} {'#wrong':>6} {'ideal':>11} {'ratio':>6} | {'time':>9} {'algbw':>8} {'busbw':>8}",
+             f"# {'(B)':>11} {'(elements)':>11} {'':>6} {'':>6} {'':>5} {'(us)':>11} {'(GB/s)':>7} "
+             f"{'(GB/s)':>7} {'':>6} {'(us)':>11} {'':>6} | {'(us)':>9} {'(GB/s)':>8} {'(GB/s)':>8}"]
+    for r in rows:
+        root = 0 if r["collective"] in ("broadcast", "incast") else -1
+        lines.append(
+            f"  {r['size']:>11} {r['size'] // 4:>11} {'float':>6} {'sum':>6} {root:>5} {r['time_s'] * 1e6:>11.0f} "
+            f"{r['algbw_GBps']:>7.3f} {r['busbw_GBps']:>7.3f} {r['wrong']:>6} {r['ideal_s'] * 1e6:>11.0f} "
+            f"{r['time_s'] / r['ideal_s'] if r['ideal_s'] else 0:>6.2f} | {r['real_time_s'] * 1e6:>9.1f} "
+            f"{r['real_algbw']:>8.2f} {r['real_busbw']:>8.2f}")
+    if rows:
+        avg = mean(r["busbw_GBps"] for r in rows)
+        lines.append(f"# Avg bus bandwidth (lab): {avg:.4f} GB/s   (real fabric: {avg * d:.2f} GB/s)")
+    if "fsdp" in doc:
+        f = doc["fsdp"]
+        sent = list(f["bytes_per_rank"].values())
+        lines.append(f"# FSDP {f['strategy']} step: {f['step_time_s']:.3f} s lab ({f['step_time_s'] / d * 1e3:.2f} ms "
+                     f"real), ideal {f['step_ideal_s']:.3f} s; bytes per rank {min(sent):.0f}..{max(sent):.0f}, "
+                     f"3(n-1)/n x model = {f['expected_full_shard_bytes_per_rank']:.0f}")
+    lost = [(r, q) for r, c in doc.get("counters", {}).items() for q in c.get("rx", []) if q["gaps"] or q["late"]]
+    total_gaps = sum(q["gaps"] for _, q in lost)
+    ce = sum(q["ce"] for c in doc.get("counters", {}).values() for q in c.get("rx", []))
+    lines.append(f"# receivers: {total_gaps} packets lost (PSN gaps), "
+                 f"{sum(q['late'] for _, q in lost)} duplicates, {ce} ECN-CE marks")
+    return "\n".join(lines)

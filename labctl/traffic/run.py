@@ -1,0 +1,173 @@
+"""`labctl run WORKLOAD`: turn a workload into schedules, play them on the lab's agents, keep results."""
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from labctl.errors import InputError, LabError, Where
+from labctl.plan.model import LabPlan
+from labctl.state import LabDir
+from labctl.traffic import fsdp, schedule as sch
+from labctl.traffic.runner import AgentPool, RunOptions, gpu_ranks, ideal_seconds, local_index
+from labctl.traffic.workload import LoadedWorkload
+
+
+@dataclass
+class Op:
+    label: str
+    collective: str
+    size: int
+    schedule: sch.Schedule
+    iteration: int
+    warmup: bool
+    stage: int | None = None
+
+
+def participants(plan: LabPlan, loaded: LoadedWorkload) -> list[int]:
+    w = loaded.workload
+    nodes = gpu_ranks(plan)
+    where = Where(str(loaded.file), key="participants")
+    if w.participants == "all":
+        ranks = list(nodes)
+    elif isinstance(w.participants, str) and w.participants.startswith("rail:"):
+        try:
+            rail = int(w.participants.split(":", 1)[1])
+        except ValueError:
+            raise InputError(where, f"{w.participants!r} is not rail:N", "write e.g. rail:0") from None
+        ranks = [r for r, n in nodes.items() if local_index(plan, n) == rail]
+    elif isinstance(w.participants, list):
+        by_name = {n.name: r for r, n in nodes.items()}
+        unknown = [p for p in w.participants if p not in by_name]
+        if unknown:
+            raise InputError(where, f"{unknown[0]!r} is not a GPU of lab {plan.lab!r}",
+                             "list GPU node names (labctl status shows them)")
+        ranks = [by_name[p] for p in w.participants]
+    else:
+        raise InputError(where, f"{w.participants!r} is not all, rail:N or a list of GPUs", None)
+    if len(ranks) < 2:
+        raise InputError(where, f"{len(ranks)} GPU(s) selected; a collective needs at least 2",
+                         "select more GPUs")
+    if w.root:
+        root = next((r for r in ranks if nodes[r].name == w.root), None)
+        if root is None:
+            raise InputError(Where(str(loaded.file), key="root"), f"root {w.root!r} is not a participant", None)
+        ranks.remove(root)
+        ranks.insert(0, root)
+    return ranks
+
+
+def build_ops(plan: LabPlan, loaded: LoadedWorkload, ranks: list[int]) -> list[Op]:
+    w, o = loaded.workload, loaded.workload.options
+    nodes = gpu_ranks(plan)
+    ops: list[Op] = []
+    if w.fsdp:
+        f = w.fsdp
+        model = fsdp.model_from(f.model, f.layers, f.hidden, f.params_per_layer, f.dtype)
+        stages = fsdp.fsdp_step(model, ranks, f.strategy, f.group_size, f.prefetch, f.scale)
+        for it in range(w.warmup + w.iterations):
+            for k, stage in enumerate(stages):
+                ids = itertools.count()
+                transfers = []
+                for c in stage:
+                    for grp in c.groups:
+                        transfers += sch.GENERATORS[c.collective](list(grp), c.size, o.slice, o.channels,
+                                                                  ids).transfers
+                label = " + ".join(c.label for c in stage)
+                ops.append(Op(label, "fsdp_stage", sum(c.size for c in stage),
+                              sch.Schedule("fsdp_stage", ranks, sum(c.size for c in stage), transfers),
+                              it - w.warmup, it < w.warmup, k))
+        return ops
+    for size in w.size_list():
+        for it in range(w.warmup + w.iterations):
+            if w.collective == "hier_all_reduce":
+                servers: dict[str, list[int]] = {}
+                for r in ranks:
+                    servers.setdefault(nodes[r].server or nodes[r].name, []).append(r)
+                s = sch.hierarchical_all_reduce(list(servers.values()), size, o.slice, o.channels)
+            else:
+                s = sch.GENERATORS[w.collective](ranks, size, o.slice, o.channels)
+            ops.append(Op(f"{w.collective} {size}", w.collective, size, s, it - w.warmup, it < w.warmup))
+    return ops
+
+
+def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Path, progress=None) -> dict:
+    w = loaded.workload
+    ranks = participants(plan, loaded)
+    ops = build_ops(plan, loaded, ranks)
+    nodes = gpu_ranks(plan)
+    options = RunOptions(qps=w.options.qps, sport_policy=w.options.sport,
+                         cnp_interval_us=w.options.cnp_interval / 1000 if w.options.cnp else None)
+    alpha = w.options.alpha * 1e-9 * plan.dilation
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "workload.yml").write_text(loaded.text)
+    (out_dir / "plan.json").write_text(json.dumps(plan.to_dict()))
+    results = []
+    pool = AgentPool(plan, lab, ranks, options)
+    try:
+        for k, op in enumerate(ops):
+            ideal = ideal_seconds(plan, op.schedule, nodes, alpha)
+            timeout = w.options.timeout / 1e9 if w.options.timeout else 10 * ideal + 10
+            reports = pool.run(op.schedule, k, timeout)
+            if progress:
+                progress(k + 1, len(ops), op.label)
+            if op.warmup:
+                continue
+            results.append(_result(plan, op, ideal, reports))
+    except BaseException:
+        pool.close(kill=True)
+        raise
+    counters = pool.close()
+    doc = {"workload": w.name, "lab": plan.lab, "dilation": plan.dilation, "ranks": ranks,
+           "nodes": {r: nodes[r].name for r in ranks}, "options": w.options.model_dump(),
+           "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "results": results,
+           "counters": {str(r): c for r, c in counters.items()}}
+    if w.fsdp:
+        doc["fsdp"] = _fsdp_summary(w, ranks, results)
+    (out_dir / "results.json").write_text(json.dumps(doc, indent=1))
+    return doc
+
+
+def _result(plan: LabPlan, op: Op, ideal: float, reports: dict) -> dict:
+    s = op.schedule
+    n = len(s.ranks)
+    t = max(r["end"] for r in reports.values())
+    wrong = sum(len(r["missing"]) + sum(1 for x in r["recvs"] if not x[3]) for r in reports.values())
+    algbw = op.size / t / 1e9 if t > 0 else 0.0
+    factor = sch.bus_factor(op.collective, n) if op.collective != "fsdp_stage" else 1.0
+    d = plan.dilation
+    sent = s.bytes_sent()
+    return {
+        "label": op.label, "collective": op.collective, "size": op.size, "n": n, "iteration": op.iteration,
+        "stage": op.stage, "time_s": t, "algbw_GBps": algbw, "busbw_GBps": algbw * factor, "ideal_s": ideal,
+        "ratio": t / ideal if ideal else None, "wrong": wrong,
+        "timed_out": any(r["timed_out"] for r in reports.values()),
+        "real": {"time_s": t / d, "algbw_GBps": algbw * d, "busbw_GBps": algbw * factor * d, "ideal_s": ideal / d},
+        "per_rank": {str(rank): {"end_s": rep["end"], "bytes_sent": sent.get(rank, 0), "sends": rep["sends"],
+                                 "recvs": rep["recvs"], "missing": rep["missing"]}
+                     for rank, rep in reports.items()},
+    }
+
+
+def _fsdp_summary(w, ranks: list[int], results: list[dict]) -> dict:
+    f = w.fsdp
+    model = fsdp.model_from(f.model, f.layers, f.hidden, f.params_per_layer, f.dtype)
+    n = len(ranks)
+    first = [r for r in results if r["iteration"] == 0]
+    per_rank = {rk: sum(r["per_rank"][str(rk)]["bytes_sent"] for r in first) for rk in ranks}
+    scaled_model = model.bytes * f.scale
+    return {"model_bytes_scaled": scaled_model, "expected_full_shard_bytes_per_rank": 3 * (n - 1) / n * scaled_model,
+            "bytes_per_rank": per_rank, "step_time_s": sum(r["time_s"] for r in first),
+            "step_ideal_s": sum(r["ideal_s"] for r in first), "strategy": f.strategy}
+
+
+def default_run_dir(name: str, base: Path | None = None) -> Path:
+    base = base or Path("runs")
+    return base / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}"
+
+
+def check_lab_has_traffic(plan: LabPlan) -> None:
+    if not any(n.kind == "gpu" for n in plan.nodes):
+        raise LabError(f"lab {plan.lab!r} has no GPUs", "run workloads on a lab with nodes of kind gpu")

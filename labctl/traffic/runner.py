@@ -1,0 +1,194 @@
+"""The controller side of a run: agents in the GPU namespaces, operations started in lock-step.
+
+All namespaces share CLOCK_MONOTONIC, so every operation starts at one instant chosen here and
+each agent reports times relative to it; an operation's time is the last rank's finish.
+"""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+from labctl.errors import LabError
+from labctl.plan.model import Interface, LabPlan, Node
+from labctl.state import LabDir
+from labctl.traffic import roce
+from labctl.traffic.schedule import Schedule
+
+
+def gpu_ranks(plan: LabPlan) -> dict[int, Node]:
+    ranks = {n.rank: n for n in plan.nodes if n.kind == "gpu" and n.rank is not None}
+    if not ranks:
+        raise LabError(f"lab {plan.lab!r} has no GPU nodes to run traffic on", "add nodes of kind gpu")
+    return dict(sorted(ranks.items()))
+
+
+def local_index(plan: LabPlan, node: Node) -> int:
+    """A GPU's index inside its server (its rail)."""
+    peers = sorted(n.rank for n in plan.nodes if n.kind == "gpu" and n.server == node.server)
+    return peers.index(node.rank)
+
+
+def path_ports(plan: LabPlan, a: Node, b: Node) -> tuple[Interface, Interface]:
+    """The NICs two GPUs use to talk: scale-up inside a server, else scale-out, else any shared fabric."""
+    order = {"scale-up": 0, "scale-out": 1, "frontend": 2, "scale-across": 3}
+    shared = []
+    for ia in a.interfaces:
+        for ib in b.interfaces:
+            if ia.fabric == ib.fabric:
+                kind = plan.fabrics[ia.fabric].kind
+                if kind == "scale-up" and a.server != b.server:
+                    continue
+                shared.append((order.get(kind, 9), ia, ib))
+    if not shared:
+        raise LabError(f"{a.name} and {b.name} share no fabric", "cable both to the same fabric")
+    _, ia, ib = min(shared, key=lambda x: x[0])
+    return ia, ib
+
+
+@dataclass
+class RunOptions:
+    qps: int = 1
+    sport_policy: str = "per-qp"
+    cnp_interval_us: float | None = None   # real-fabric µs; None: receivers are no notification points
+    timeout_s: float | None = None
+    seed: int = 1
+
+
+class AgentPool:
+    """One agent process per participating rank, each inside its GPU's namespace."""
+
+    def __init__(self, plan: LabPlan, lab: LabDir, ranks: list[int], options: RunOptions):
+        self.plan, self.options = plan, options
+        self.nodes = gpu_ranks(plan)
+        missing = [r for r in ranks if r not in self.nodes]
+        if missing:
+            raise LabError(f"lab {plan.lab!r} has no GPU with rank {missing[0]}",
+                           f"its ranks are {min(self.nodes)}..{max(self.nodes)}")
+        self.ranks = ranks
+        self.procs: dict[int, subprocess.Popen] = {}
+        self.events: queue.Queue = queue.Queue()
+        self.counters: dict[int, dict] = {}
+        cpus = sorted(os.sched_getaffinity(0))
+        interval = None
+        if options.cnp_interval_us is not None:
+            interval = options.cnp_interval_us * 1e-6 * plan.dilation  # real-fabric time x dilation
+        try:
+            for r in ranks:
+                node = self.nodes[r]
+                p = subprocess.Popen(["ip", "netns", "exec", node.namespace, sys.executable, "-m",
+                                      "labctl.traffic.agent"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True, bufsize=1)
+                lab.journal("pid", str(p.pid))
+                self.procs[r] = p
+                threading.Thread(target=self._read, args=(r, p), daemon=True).start()
+                peers = {}
+                for q in self.nodes.values():
+                    if q.rank == r:
+                        continue
+                    mine, theirs = path_ports(plan, node, q)
+                    peers[theirs.address.split("/")[0]] = [q.rank, mine.address.split("/")[0]]
+                mtu = min(i.mtu for i in node.interfaces)
+                self._send(r, {"cmd": "init", "rank": r, "mtu": roce.roce_mtu(mtu), "peers": peers,
+                               "cnp_interval": interval, "sport_policy": options.sport_policy,
+                               "seed": options.seed, "cpu": cpus[len(self.procs) % len(cpus)]})
+            self._collect("ready", len(ranks), timeout=60)
+        except BaseException:
+            self.close(kill=True)
+            raise
+
+    def _read(self, rank: int, p: subprocess.Popen) -> None:
+        for line in p.stdout:
+            try:
+                self.events.put((rank, json.loads(line)))
+            except ValueError:
+                continue
+        self.events.put((rank, {"event": "exited", "code": p.wait()}))
+
+    def _send(self, rank: int, msg: dict) -> None:
+        p = self.procs[rank]
+        p.stdin.write(json.dumps(msg) + "\n")
+        p.stdin.flush()
+
+    def _collect(self, event: str, count: int, timeout: float) -> dict[int, dict]:
+        got: dict[int, dict] = {}
+        deadline = time.monotonic() + timeout
+        while len(got) < count:
+            try:
+                rank, msg = self.events.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                raise LabError(f"agents did not report {event!r} within {timeout:.0f} s "
+                               f"(waiting for ranks {sorted(set(self.ranks) - set(got))})") from None
+            if msg.get("event") == "exited":
+                raise LabError(f"the agent of rank {rank} exited (code {msg['code']}) before {event!r}")
+            if msg.get("event") == event:
+                got[rank] = msg
+        return got
+
+    def run(self, schedule: Schedule, op: int, timeout: float) -> dict[int, dict]:
+        """Run one schedule on the agents; returns each rank's report."""
+        conn_count: dict[tuple[int, int], int] = {}
+        per_rank: dict[int, dict] = {r: {"sends": [], "recvs": []} for r in schedule.ranks}
+        for t in schedule.transfers:
+            a, b = self.nodes[t.src], self.nodes[t.dst]
+            ia, ib = path_ports(self.plan, a, b)
+            k = conn_count.get((t.src, t.dst), 0)
+            conn_count[(t.src, t.dst)] = k + 1
+            per_rank[t.src]["sends"].append({"id": t.id, "dst": t.dst, "nbytes": t.nbytes, "after": list(t.after),
+                                             "qp": k % self.options.qps, "src_addr": ia.address.split("/")[0],
+                                             "dst_addr": ib.address.split("/")[0]})
+            per_rank[t.dst]["recvs"].append(t.id)
+        start = time.monotonic() + 0.05 + 0.002 * len(schedule.ranks)
+        for r in schedule.ranks:
+            self._send(r, {"cmd": "run", "op": op, "start": start, "timeout": timeout, **per_rank[r]})
+        return self._collect("done", len(schedule.ranks), timeout + 30)
+
+    def close(self, kill: bool = False) -> dict[int, dict]:
+        if not kill:
+            for r in self.procs:
+                try:
+                    self._send(r, {"cmd": "exit"})
+                except (BrokenPipeError, OSError):
+                    pass
+            try:
+                self.counters = self._collect("counters", len(self.procs), timeout=15)
+            except LabError:
+                kill = True
+        for p in self.procs.values():
+            if kill and p.poll() is None:
+                p.kill()
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        return self.counters
+
+
+def payload_rate(plan: LabPlan, iface: Interface) -> float:
+    """Bytes/s of RDMA payload a port carries at its lab rate (headers take the rest)."""
+    mtu = roce.roce_mtu(iface.mtu)
+    return iface.shaping.rate_bps / 8 * mtu / (mtu + roce.FRAME_OVERHEAD)
+
+
+def ideal_seconds(plan: LabPlan, schedule: Schedule, nodes: dict[int, Node], alpha_s: float = 0.0) -> float:
+    """The α-β bound: per phase, the busiest rank's bytes over its NIC's payload rate, plus α a step."""
+    total = 0.0
+    phases: dict[str, list] = {}
+    for t in schedule.transfers:
+        phases.setdefault(t.phase, []).append(t)
+    for ts in phases.values():
+        load: dict[tuple[str, int], float] = {}
+        rate = float("inf")
+        for t in ts:
+            ia, ib = path_ports(plan, nodes[t.src], nodes[t.dst])
+            rate = min(rate, payload_rate(plan, ia), payload_rate(plan, ib))
+            load[("tx", t.src)] = load.get(("tx", t.src), 0) + t.nbytes
+            load[("rx", t.dst)] = load.get(("rx", t.dst), 0) + t.nbytes
+        steps = len({t.step for t in ts})
+        total += max(load.values()) / rate + alpha_s * steps
+    return total

@@ -1,0 +1,135 @@
+"""Workload files: which collective (or FSDP step), what sizes, which ranks, with what options.
+
+    name: allreduce
+    collective: all_reduce            # all_reduce, reduce_scatter, all_gather, all_to_all, broadcast,
+                                      # sendrecv, incast, hier_all_reduce
+    sizes: {begin: 1MB, end: 64MB, factor: 2}   # or sizes: [1MB, 8MB], like nccl-tests -b -e -f
+    iterations: 1
+    warmup: 0
+    participants: all                 # all | rail:N | [node, node, ...]
+    root: srv1-gpu0                   # broadcast source / incast receiver (default: the first)
+    options: {qps: 1, sport: per-qp, slice: 512KiB, channels: 1, cnp: false, alpha: 0us}
+
+or, instead of collective and sizes, one FSDP step:
+
+    fsdp: {model: llama-7b, strategy: FULL_SHARD, group_size: 4, prefetch: true, scale: 0.001}
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+
+from labctl.errors import InputError, Where
+from labctl.topology.load import _input_error
+from labctl.topology.yamlpos import load_yaml
+from labctl.traffic import fsdp
+from labctl.traffic.schedule import COLLECTIVES
+from labctl.units import parse_duration_ns, parse_size
+
+Size = Annotated[int, BeforeValidator(parse_size), Field(gt=0, description="a size such as 16MB or 512KiB")]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Sweep(Strict):
+    begin: Size
+    end: Size
+    factor: float = Field(2.0, gt=1, description="the multiplier between sizes, > 1")
+
+
+class Options(Strict):
+    qps: int = Field(1, ge=1, le=8, description="queue pairs per connection, 1..8 (messages round-robin)")
+    sport: Literal["per-qp", "fixed", "random"] = Field(
+        "per-qp", description="UDP source port: per-qp (from the QP pair, as Linux), fixed, or random per message")
+    slice: Size = Field(512 * 1024, description="pipeline slice (NCCL step) size, default 512KiB")
+    channels: int = Field(1, ge=1, le=16, description="parallel rings, 1..16")
+    cnp: bool = Field(False, description="receivers act as DCQCN notification points (send CNPs on CE)")
+    cnp_interval: Annotated[int, BeforeValidator(parse_duration_ns)] = Field(
+        50_000, description="minimum real-fabric time between CNPs per QP, default 50us")
+    alpha: Annotated[int, BeforeValidator(parse_duration_ns)] = Field(
+        0, description="per-step latency of the α-β model in real-fabric time, e.g. 5us")
+    timeout: Annotated[int, BeforeValidator(parse_duration_ns)] | None = Field(
+        None, description="per operation in lab time (default: 10 x ideal + 10 s)")
+
+
+class FsdpSpec(Strict):
+    model: str | None = Field(None, description="a preset: " + ", ".join(fsdp.PRESETS))
+    layers: int | None = Field(None, ge=1)
+    hidden: int | None = Field(None, ge=64)
+    params_per_layer: int | None = Field(None, ge=1)
+    dtype: Literal["fp32", "bf16", "fp16", "fp8"] = "bf16"
+    strategy: Literal[fsdp.STRATEGIES] = "FULL_SHARD"
+    group_size: int | None = Field(None, ge=1, description="HYBRID_SHARD shard group size")
+    prefetch: bool = True
+    scale: float = Field(1e-3, gt=0, le=1, description="multiply every size by this so a step fits the lab")
+
+
+class Workload(Strict):
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$", description="lower-case letters, digits, '-' and '_'")
+    description: str = ""
+    collective: Literal[COLLECTIVES] | None = Field(None, description="one of " + ", ".join(COLLECTIVES))
+    sizes: Sweep | list[Size] | Size | None = None
+    iterations: int = Field(1, ge=1)
+    warmup: int = Field(0, ge=0)
+    participants: str | list[str] = Field("all", description="all, rail:N, or a list of GPU node names")
+    root: str | None = None
+    options: Options = Options()
+    fsdp: FsdpSpec | None = None
+
+    @model_validator(mode="after")
+    def one_kind(self):
+        if (self.collective is None) == (self.fsdp is None):
+            raise ValueError("give either collective: (with sizes:) or fsdp:, not both or neither")
+        if self.collective and self.sizes is None:
+            raise ValueError("a collective needs sizes: (e.g. sizes: 16MB, or {begin: 1MB, end: 64MB})")
+        return self
+
+    def size_list(self) -> list[int]:
+        if isinstance(self.sizes, Sweep):
+            out, s = [], float(self.sizes.begin)
+            while s <= self.sizes.end * (1 + 1e-9):
+                out.append(int(s))
+                s *= self.sizes.factor
+            return out
+        if isinstance(self.sizes, list):
+            return list(self.sizes)
+        return [self.sizes]
+
+
+@dataclass
+class LoadedWorkload:
+    workload: Workload
+    file: Path
+    text: str
+
+
+def load_workload(file: str | Path) -> LoadedWorkload:
+    path = Path(file)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise InputError(Where(str(path)), f"cannot read the workload: {exc.strerror}",
+                         "bundled workloads are in workloads/") from None
+    data, smap = load_yaml(text, str(path))
+    if not isinstance(data, dict):
+        raise InputError(Where(str(path), 1), "a workload is a YAML mapping (name:, collective:, sizes: ...)",
+                         "start from workloads/allreduce.yml")
+    try:
+        w = Workload.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        if err["type"] == "value_error" and not err["loc"]:
+            raise InputError(smap.where(()), err["msg"].removeprefix("Value error, "),
+                             "see the workload format in README.md") from None
+        raise _input_error(exc, smap, Workload) from None
+    if w.fsdp:
+        try:
+            fsdp.model_from(w.fsdp.model, w.fsdp.layers, w.fsdp.hidden, w.fsdp.params_per_layer, w.fsdp.dtype)
+        except ValueError as exc:
+            raise InputError(smap.where(("fsdp",)), str(exc), "use a preset or give layers and hidden") from None
+    return LoadedWorkload(w, path, text)
