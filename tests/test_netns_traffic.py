@@ -1,0 +1,227 @@
+"""RoCEv2 agents on a real lab: collectives, accounting, captures, loss and CNPs."""
+from __future__ import annotations
+
+import os
+import signal
+import struct
+import subprocess
+import tempfile
+import time
+import uuid
+import zlib
+from pathlib import Path
+
+import pytest
+
+from conftest import lab_namespaces, require_root
+from labctl import lab as labmod
+from labctl import state
+from labctl.backends.netns import NetnsBackend
+from labctl.traffic.run import run_workload
+from labctl.traffic.workload import load_workload
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.netns
+MB = 1_000_000
+
+
+@pytest.fixture(scope="module")
+def lab():
+    """The bundled leaf-spine (100 Mbit/s links at dilation 4000), shared by this module's tests."""
+    require_root()
+    old = os.environ.get("LABCTL_STATE_DIR")
+    os.environ["LABCTL_STATE_DIR"] = tempfile.mkdtemp(prefix="labctl-test-")
+    name = f"lt{uuid.uuid4().hex[:6]}"
+    try:
+        plan, d, _ = labmod.up(str(ROOT / "topologies" / "leaf-spine.yml"), name=name)
+        yield plan, d
+    finally:
+        if state.lab_dir(name).path.exists():
+            NetnsBackend().destroy(state.lab_dir(name))
+        if old is None:
+            os.environ.pop("LABCTL_STATE_DIR", None)
+        else:
+            os.environ["LABCTL_STATE_DIR"] = old
+        assert lab_namespaces(name + "-") == []
+
+
+def workload(tmp_path: Path, text: str):
+    f = tmp_path / "w.yml"
+    f.write_text(text)
+    return load_workload(f)
+
+
+def rx_totals(doc: dict) -> dict:
+    out = {"packets": 0, "bytes": 0, "gaps": 0, "late": 0, "ce": 0, "cnp_sent": 0}
+    for c in doc["counters"].values():
+        for q in c["rx"]:
+            for k in out:
+                out[k] += q[k]
+    return out
+
+
+def tx_packets(doc: dict) -> int:
+    return sum(q["packets"] for c in doc["counters"].values() for q in c["tx"])
+
+
+@pytest.mark.parametrize("collective", ["reduce_scatter", "all_gather", "all_reduce"])
+def test_ring_collective_accounts_every_byte_within_15_percent_of_alpha_beta(lab, tmp_path, collective):
+    plan, d = lab
+    w = workload(tmp_path, f"name: t\ncollective: {collective}\nsizes: [16MB]\nparticipants: all\n")
+    doc = run_workload(plan, d, w, tmp_path / "run")
+    (r,) = doc["results"]
+    assert r["wrong"] == 0 and not r["timed_out"]
+    rx = rx_totals(doc)
+    assert rx["gaps"] == 0 and rx["late"] == 0
+    factor = 2 if collective == "all_reduce" else 1
+    per_rank = factor * 7 * (16 * MB // 8)
+    for rank, pr in r["per_rank"].items():
+        assert pr["bytes_sent"] == per_rank
+        assert sum(x[2] for x in pr["recvs"]) == per_rank  # bytes the receiver counted, message by message
+    assert rx["packets"] == tx_packets(doc)  # every data packet sent was received
+    assert r["ratio"] <= 1.15, f"{collective}: {r['time_s']:.3f} s vs ideal {r['ideal_s']:.3f} s"
+    assert (tmp_path / "run" / "results.json").exists()
+
+
+def _tcpdump(ns: str, iface: str, out: Path) -> subprocess.Popen:
+    p = subprocess.Popen(["ip", "netns", "exec", ns, "tcpdump", "-i", iface, "-s", "0", "-U", "-w", str(out),
+                          "udp port 4791"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 5
+    while out.stat().st_size == 0 if out.exists() else True:  # the pcap header appears once it listens
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    time.sleep(0.3)
+    return p
+
+
+def _frames(pcap: Path):
+    """Frames of a classic pcap file, read without any of labctl's code."""
+    data = pcap.read_bytes()
+    off = 24
+    while off + 16 <= len(data):
+        _, _, incl, _orig = struct.unpack_from("<IIII", data, off)
+        yield data[off + 16:off + 16 + incl]
+        off += 16 + incl
+
+
+def _icrc_ok(frame: bytes) -> bool:
+    """RoCEv2 ICRC from the spec, independent of labctl.traffic.roce: CRC-32 over 8 bytes of 0xFF,
+    the IP header with ToS, TTL and checksum set to ones, the UDP header with checksum set to ones,
+    the BTH with its FECN/BECN byte set to ones, and the rest up to the ICRC (little-endian)."""
+    ip_len = struct.unpack("!H", frame[16:18])[0]
+    pkt = bytearray(frame[14:14 + ip_len])
+    pkt[1] = pkt[8] = 0xFF
+    pkt[10] = pkt[11] = 0xFF
+    pkt[26] = pkt[27] = 0xFF
+    pkt[32] = 0xFF
+    return zlib.crc32(b"\xff" * 8 + bytes(pkt[:-4])) == int.from_bytes(pkt[-4:], "little")
+
+
+def test_capture_on_spine_links_shows_real_roce_frames_that_tshark_decodes(lab, tmp_path):
+    plan, d = lab
+    pcaps, procs = [], []
+    for spine in ("spine1", "spine2"):
+        out = tmp_path / f"{spine}.pcap"
+        procs.append(_tcpdump(plan.node(spine).namespace, "leaf1", out))
+        pcaps.append(out)
+    try:
+        w = workload(tmp_path, "name: cap\ncollective: all_reduce\nsizes: [2MB]\nparticipants: all\n")
+        doc = run_workload(plan, d, w, tmp_path / "run")
+        assert doc["results"][0]["wrong"] == 0
+        time.sleep(0.3)
+    finally:
+        for p in procs:
+            p.send_signal(signal.SIGINT)
+            p.wait(timeout=10)
+    frames = [f for p in pcaps for f in _frames(p)]
+    assert len(frames) > 100, "the ring's cross-server hops cross a spine toward leaf1"
+    roce_mtu_frame = 14 + 20 + 8 + 12 + 16 + 4096 + 4 + 4  # largest: RETH + full payload + ImmDt
+    assert max(len(f) for f in frames) <= roce_mtu_frame, "a GSO super-packet crossed the fabric"
+    assert all(_icrc_ok(f) for f in frames)
+    assert all(f[15] >> 2 == 26 for f in frames if f[42] != 0x11)  # data in DSCP 26
+    fields = []
+    for p in pcaps:
+        out = subprocess.run(["tshark", "-r", str(p), "-Y", "infiniband", "-T", "fields", "-e", "frame.protocols",
+                              "-e", "infiniband.bth.opcode", "-e", "infiniband.bth.destqp",
+                              "-e", "infiniband.bth.psn"], capture_output=True, text=True, check=True).stdout
+        fields += [line.split("\t") for line in out.splitlines() if line]
+    assert len(fields) == len(frames)
+    assert all("infiniband" in f[0] for f in fields)
+    opcodes = {int(f[1]) for f in fields}
+    assert opcodes <= {6, 7, 8, 9, 10, 11, 17} and {6, 7, 9} <= opcodes
+    assert all(int(f[2], 16) >= 2 for f in fields)  # never QP0/QP1
+
+
+def _qdisc_drops(plan) -> int:
+    from pyroute2 import IPRoute
+    from labctl.backends import nsutil
+    total = 0
+    for node in plan.nodes:
+        with nsutil.entered(node.namespace):
+            ipr = IPRoute()
+        try:
+            for q in ipr.get_qdiscs():
+                if q.get_attr("TCA_KIND") == "bfifo":
+                    total += q.get_attr("TCA_STATS2").get_attr("TCA_STATS_QUEUE")["drops"]
+        finally:
+            ipr.close()
+    return total
+
+
+def test_incast_loss_is_accounted_by_the_receiver(lab, tmp_path):
+    """7:1 into one GPU without PFC: queues overflow; the receiver's account matches the drop counters."""
+    plan, d = lab
+    before = _qdisc_drops(plan)
+    w = workload(tmp_path, "name: inc\ncollective: incast\nsizes: [4MB]\nparticipants: all\n"
+                           "root: srv1-gpu0\noptions: {timeout: 8s}\n")
+    doc = run_workload(plan, d, w, tmp_path / "run")
+    dropped = _qdisc_drops(plan) - before
+    (r,) = doc["results"]
+    rx = rx_totals(doc)
+    sent = sum(q["packets"] for c in doc["counters"].values() for q in c["tx"] if q["packets"])
+    lost = sent - rx["packets"]
+    assert dropped > 100, "7 x 100 Mbit/s into 100 Mbit/s must overflow a 4 MiB buffer"
+    assert lost <= dropped <= lost + 10  # a few ARP or ACK drops may add to the queues' count
+    assert 0 < rx["gaps"] <= lost        # loss the PSNs reveal (a lost tail has no later PSN)
+    assert r["wrong"] > 0  # incomplete messages (and, if a last packet was lost, missing ones)
+
+
+NFT_MARK_CE = """table ip labctl_test {
+  chain forward {
+    type filter hook forward priority 0; policy accept;
+    udp dport 4791 ip dscp 26 ip ecn set ce
+  }
+}
+"""
+
+
+def test_receivers_send_cnps_when_the_fabric_marks_ce(lab, tmp_path):
+    plan, d = lab
+    ns = plan.node("leaf2").namespace
+    subprocess.run(["ip", "netns", "exec", ns, "nft", "-f", "-"], input=NFT_MARK_CE, text=True, check=True)
+    try:
+        w = workload(tmp_path, "name: cnp\ncollective: sendrecv\nsizes: [4MB]\n"
+                               "participants: [srv1-gpu0, srv2-gpu1]\noptions: {cnp: true, cnp_interval: 50us}\n")
+        doc = run_workload(plan, d, w, tmp_path / "run")
+    finally:
+        subprocess.run(["ip", "netns", "exec", ns, "nft", "delete", "table", "ip", "labctl_test"], check=True)
+    rx = rx_totals(doc)
+    assert rx["ce"] == rx["packets"] > 900   # every data packet crossed leaf2, marked CE
+    received = sum(q["cnp_received"] for c in doc["counters"].values() for q in c["tx"])
+    assert rx["cnp_sent"] > 0 and received == rx["cnp_sent"]
+    # at most one CNP per 50 us x dilation (200 ms in the lab) per QP
+    duration = doc["results"][0]["time_s"]
+    assert rx["cnp_sent"] <= duration / (50e-6 * plan.dilation) + 2
+
+
+def test_fsdp_step_sends_3_n_minus_1_over_n_model_bytes(lab, tmp_path):
+    plan, d = lab
+    w = workload(tmp_path, "name: f\nfsdp: {layers: 2, hidden: 256, scale: 1.0, prefetch: true}\nparticipants: all\n")
+    doc = run_workload(plan, d, w, tmp_path / "run")
+    f = doc["fsdp"]
+    assert all(r["wrong"] == 0 for r in doc["results"])
+    for sent in f["bytes_per_rank"].values():
+        assert sent == pytest.approx(f["expected_full_shard_bytes_per_rank"], rel=0.01)
+    stages = [r["label"] for r in doc["results"]]
+    assert stages[0].startswith("forward all_gather layer 0") and "reduce_scatter layer 1" in stages[2]
