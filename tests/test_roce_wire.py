@@ -60,7 +60,7 @@ def _dissect(payload: bytes, src="10.1.0.16", dst="10.1.0.27", sport: int = 0xC1
     (3 * 4096 + 2, [roce.WRITE_FIRST, roce.WRITE_MIDDLE, roce.WRITE_MIDDLE, roce.WRITE_LAST_IMM])])
 def test_write_messages_round_trip_through_scapy(length, opcodes):
     b = roce.MessageBuilder("10.1.0.16", "10.1.0.27", 0xC123, dqpn=0x100234, mtu=4096)
-    pkts = list(b.packets(psn=0xFFFFFE, length=length, immediate=0xCAFE))
+    pkts = [(psn, bytes(p)) for psn, p in b.packets(psn=0xFFFFFE, length=length, immediate=0xCAFE)]
     assert [roce.parse_bth(p)[0] for _, p in pkts] == opcodes
     total = 0
     for k, (psn, payload) in enumerate(pkts):
@@ -91,3 +91,42 @@ def test_cnp_round_trip():
     pkt = _dissect(roce.cnp_payload("10.1.0.27", "10.1.0.16", 0xC123, 0x100777), "10.1.0.27", "10.1.0.16")
     assert pkt[BTH].opcode == roce.CNP and pkt[BTH].becn == 1 and pkt[BTH].psn == 0
     assert len(bytes(pkt["UDP"].payload)) == 12 + 16 + 4
+
+
+@pytest.mark.parametrize("n", [4, 1024, 4096])
+def test_crc_over_zeros_matches_zlib(n):
+    import random
+    import zlib
+    rng = random.Random(n)
+    for _ in range(200):
+        state = rng.getrandbits(32)
+        assert roce.crc_over_zeros(n, state) == zlib.crc32(bytes(n), state)
+
+
+def test_fast_middle_packets_equal_slow_ones():
+    b = roce.MessageBuilder("10.1.0.16", "10.1.0.27", 0xC123, dqpn=0x100234, mtu=4096)
+    for psn, payload in b.packets(psn=100, length=5 * 4096, immediate=7):
+        body = bytes(payload)
+        op = roce.parse_bth(body)[0]
+        slow = roce.udp_payload("10.1.0.16", "10.1.0.27", 0xC123, body[:12], body[12:-4]) if op == roce.WRITE_MIDDLE \
+            else body
+        assert body == slow
+
+
+@pytest.mark.parametrize("length", [100, 4096 * 3, 4096 * 40 + 17])
+def test_gso_batches_are_the_same_packets_with_ip_id_per_segment(length):
+    """A GSO send's segment k leaves with IP ID k: its ICRC must be computed with that ID."""
+    b = roce.MessageBuilder("10.1.0.16", "10.1.0.27", 0xC123, dqpn=0x100234, mtu=4096)
+    ref = [bytes(p) for _, p in roce.MessageBuilder("10.1.0.16", "10.1.0.27", 0xC123, 0x100234, 4096)
+           .packets(7, length, 9)]
+    got = []
+    for psn, buf, seg, count in b.gso_batches(7, length, 9):
+        data = bytes(buf)
+        parts = [data[i * seg:(i + 1) * seg] for i in range(count)] if count > 1 else [data]
+        for k, part in enumerate(parts):
+            f = roce.frame("02:00:00:00:00:01", "02:00:00:00:00:02", "10.1.0.16", "10.1.0.27", 0xC123, part,
+                           ident=k if count > 1 else 0)
+            assert roce.verify_icrc(f)
+            got.append(part)
+    assert [g[:-4] for g in got] == [r[:-4] for r in ref]
+    assert all(len(g) <= 4096 + 12 + 16 + 4 + 4 for g in got)

@@ -8,6 +8,7 @@ rank's transfers in order; each one waits until the transfers it depends on have
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -18,13 +19,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from labctl.traffic import roce
+from labctl.traffic import mmsg, roce
 
 IP_MTU_DISCOVER, IP_PMTUDISC_DO = 10, 2   # not exported by Python 3.11's socket module
 IP_RECVTOS = 13
+UDP_SEGMENT = 103            # linux/udp.h
 MAX_TRACKED_GAP = 4096       # PSNs remembered per gap to recognise reordering
 SO_RCVBUFFORCE = 33          # root may exceed net.core.rmem_max: a burst must not overflow the socket
-RCVBUF = 8 << 20
+RCVBUF = 32 << 20
 
 
 def qpn(rank: int, peer: int, k: int) -> int:
@@ -79,6 +81,8 @@ class Agent:
     arrived: dict = field(default_factory=dict)   # transfer id -> (time, bytes, complete)
     cond: threading.Condition = field(default_factory=threading.Condition)
     sockets: dict = field(default_factory=dict)
+    builders: dict = field(default_factory=dict)
+    gso: bool = True
     stop: bool = False
 
     def __post_init__(self):
@@ -87,7 +91,8 @@ class Agent:
         self.rx_sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, RCVBUF)
         self.rx_sock.setsockopt(socket.IPPROTO_IP, IP_RECVTOS, 1)
         self.rx_sock.bind(("0.0.0.0", roce.ROCE_PORT))
-        self.rx_sock.settimeout(0.2)
+        # a blocking socket with a receive timeout: recvmmsg returns every 0.2 s to check `stop`
+        self.rx_sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 0, 200_000))
         self.thread = threading.Thread(target=self._receive, daemon=True)
         self.thread.start()
 
@@ -118,22 +123,43 @@ class Agent:
         state = self.tx.setdefault(lq, QpTx())
         sport = self._sport(lq, rq)
         sock = self._socket(t["src_addr"], sport, roce.TOS_DATA)
-        builder = roce.MessageBuilder(t["src_addr"], t["dst_addr"], sport, rq, self.mtu)
+        builder = self._builder(t["src_addr"], t["dst_addr"], sport, rq)
         dest = (t["dst_addr"], roce.ROCE_PORT)
+        if self.gso:
+            # runs of Middle packets leave in one UDP_SEGMENT send; the host's veth (no checksum
+            # offload, so no UDP GSO feature) cuts them into real frames before they enter the fabric
+            for psn, buf, seg, count in builder.gso_batches(state.psn, t["nbytes"], t["id"]):
+                cmsg = [(socket.SOL_UDP, UDP_SEGMENT, struct.pack("H", seg))] if count > 1 else []
+                self._send(sock, buf, cmsg, dest)
+                state.packets += count
+                state.bytes += len(buf)
+                state.psn = (psn + count) & roce.PSN_MASK
+            return
         for psn, payload in builder.packets(state.psn, t["nbytes"], t["id"]):
-            while True:
-                try:
-                    sock.sendto(payload, dest)
-                    break
-                except (BlockingIOError, InterruptedError):
-                    time.sleep(0.0001)
-                except OSError as exc:  # ENOBUFS: a local qdisc refused it; retry like a NIC would
-                    if exc.errno != 105:
-                        raise
-                    time.sleep(0.0005)
+            self._send(sock, payload, [], dest)
             state.packets += 1
             state.bytes += len(payload)
             state.psn = (psn + 1) & roce.PSN_MASK
+
+    def _builder(self, src: str, dst: str, sport: int, rq: int) -> roce.MessageBuilder:
+        key = (src, dst, sport, rq)
+        b = self.builders.get(key)
+        if b is None:
+            b = self.builders[key] = roce.MessageBuilder(src, dst, sport, rq, self.mtu)
+        return b
+
+    @staticmethod
+    def _send(sock: socket.socket, buf, cmsg: list, dest) -> None:
+        while True:
+            try:
+                sock.sendmsg([buf], cmsg, 0, dest)
+                return
+            except (BlockingIOError, InterruptedError):
+                time.sleep(0.0001)
+            except OSError as exc:  # ENOBUFS: a local qdisc refused it; retry like a NIC would
+                if exc.errno != errno.ENOBUFS:
+                    raise
+                time.sleep(0.0005)
 
     def run(self, op: dict) -> dict:
         start = op["start"]
@@ -167,18 +193,20 @@ class Agent:
 
     # -- receiving -------------------------------------------------------------------------------
     def _receive(self) -> None:
-        buf = bytearray(65536)
-        view = memoryview(buf)
-        cmsg_space = socket.CMSG_SPACE(4)
+        rx = mmsg.Receiver(self.rx_sock)
+        names: dict[bytes, str] = {}
+        packet = self._packet
         while not self.stop:
             try:
-                n, anc, _flags, addr = self.rx_sock.recvmsg_into([buf], cmsg_space)
-            except socket.timeout:
-                continue
+                n = rx.recv()
             except OSError:
                 return
-            tos = anc[0][2][0] if anc else 0
-            self._packet(view[:n], addr[0], tos)
+            for i in range(n):
+                raw_src = rx.source(i)
+                src = names.get(raw_src)
+                if src is None:
+                    src = names[raw_src] = socket.inet_ntoa(raw_src)
+                packet(rx.payload(i), src, rx.tos(i))
 
     def _packet(self, data: memoryview, src_ip: str, tos: int) -> None:
         if len(data) < roce.BTH_LEN + roce.ICRC_LEN:
@@ -317,7 +345,8 @@ def main() -> None:
                 # migrates between CPUs reorders its own flow, which a NIC never does
                 os.sched_setaffinity(0, {msg["cpu"]})
             agent = Agent(msg["rank"], msg["mtu"], {ip: tuple(v) for ip, v in msg["peers"].items()},
-                          msg.get("cnp_interval"), msg.get("sport_policy", "per-qp"), msg.get("seed", 1))
+                          msg.get("cnp_interval"), msg.get("sport_policy", "per-qp"), msg.get("seed", 1),
+                          gso=msg.get("gso", True))
             say({"event": "ready", "rank": agent.rank, "pid": os.getpid()})
         elif cmd == "run":
             say(agent.run(msg))
