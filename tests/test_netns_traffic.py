@@ -225,3 +225,21 @@ def test_fsdp_step_sends_3_n_minus_1_over_n_model_bytes(lab, tmp_path):
         assert sent == pytest.approx(f["expected_full_shard_bytes_per_rank"], rel=0.01)
     stages = [r["label"] for r in doc["results"]]
     assert stages[0].startswith("forward all_gather layer 0") and "reduce_scatter layer 1" in stages[2]
+
+
+def test_reliable_mode_turns_incast_loss_into_retransmissions(lab, tmp_path):
+    """Go-back-N: the same overflowing incast completes with every byte, and the loss shows as
+    NAKs and retransmissions instead."""
+    plan, d = lab
+    before = _qdisc_drops(plan)
+    w = workload(tmp_path, "name: rel\ncollective: incast\nsizes: [4MB]\nparticipants: all\nroot: srv1-gpu0\n"
+                           "options: {reliable: true, timeout: 60s}\n")
+    doc = run_workload(plan, d, w, tmp_path / "run")
+    (r,) = doc["results"]
+    assert _qdisc_drops(plan) - before > 0, "the fabric dropped"
+    assert r["wrong"] == 0 and not r["timed_out"]
+    assert sum(x[2] for x in r["per_rank"][str(doc["ranks"][0])]["recvs"]) == 7 * 4 * MB
+    tx = [q for c in doc["counters"].values() for q in c["tx"]]
+    rx = rx_totals(doc)
+    assert sum(q["retransmitted"] for q in tx) > 0 and sum(q["naks"] for q in tx) > 0
+    assert rx["gaps"] == 0  # go-back-N never accepts past a hole

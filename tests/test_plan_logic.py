@@ -87,8 +87,8 @@ def test_every_backend_router_reaches_every_backend_prefix(plan):
 
 def test_shaping_is_dilated_rate_with_1ms_burst(plan):
     port = plan.node("srv1-gpu0").iface("leaf1")
-    assert port.shaping.rate_bps == 400_000_000  # 400G / 1000
-    assert port.shaping.burst_bytes == 50_000    # 1 ms at 400 Mbit/s
+    assert port.shaping.rate_bps == 100_000_000  # 400G / 4000
+    assert port.shaping.burst_bytes == 2 * 9014  # 1 ms at 100 Mbit/s is 12.5 kB, less than two frames
 
 
 def test_oversubscription_sets_uplink_rate():

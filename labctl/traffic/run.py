@@ -99,7 +99,8 @@ def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Pa
     ops = build_ops(plan, loaded, ranks)
     nodes = gpu_ranks(plan)
     options = RunOptions(qps=w.options.qps, sport_policy=w.options.sport,
-                         cnp_interval_us=w.options.cnp_interval / 1000 if w.options.cnp else None)
+                         cnp_interval_us=w.options.cnp_interval / 1000 if w.options.cnp else None,
+                         reliable=w.options.reliable)
     alpha = w.options.alpha * 1e-9 * plan.dilation
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "workload.yml").write_text(loaded.text)

@@ -58,6 +58,7 @@ class RunOptions:
     cnp_interval_us: float | None = None   # real-fabric µs; None: receivers are no notification points
     timeout_s: float | None = None
     seed: int = 1
+    reliable: bool = False
 
 
 class AgentPool:
@@ -71,6 +72,8 @@ class AgentPool:
             raise LabError(f"lab {plan.lab!r} has no GPU with rank {missing[0]}",
                            f"its ranks are {min(self.nodes)}..{max(self.nodes)}")
         self.ranks = ranks
+        # go-back-N retransmission timeout: a few hundred microseconds on the real fabric, x dilation
+        self.rto = max(0.02, 250e-6 * plan.dilation)
         self.procs: dict[int, subprocess.Popen] = {}
         self.events: queue.Queue = queue.Queue()
         self.counters: dict[int, dict] = {}
@@ -96,7 +99,8 @@ class AgentPool:
                 mtu = min(i.mtu for i in node.interfaces)
                 self._send(r, {"cmd": "init", "rank": r, "mtu": roce.roce_mtu(mtu), "peers": peers,
                                "cnp_interval": interval, "sport_policy": options.sport_policy,
-                               "seed": options.seed, "cpu": cpus[len(self.procs) % len(cpus)]})
+                               "seed": options.seed, "cpu": cpus[len(self.procs) % len(cpus)],
+                               "reliable": options.reliable})
             self._collect("ready", len(ranks), timeout=60)
         except BaseException:
             self.close(kill=True)
@@ -145,7 +149,8 @@ class AgentPool:
             per_rank[t.dst]["recvs"].append(t.id)
         start = time.monotonic() + 0.05 + 0.002 * len(schedule.ranks)
         for r in schedule.ranks:
-            self._send(r, {"cmd": "run", "op": op, "start": start, "timeout": timeout, **per_rank[r]})
+            self._send(r, {"cmd": "run", "op": op, "start": start, "timeout": timeout, "rto": self.rto,
+                           **per_rank[r]})
         return self._collect("done", len(schedule.ranks), timeout + 30)
 
     def close(self, kill: bool = False) -> dict[int, dict]:

@@ -49,6 +49,8 @@ class Options(Strict):
     slice: Size = Field(512 * 1024, description="pipeline slice (NCCL step) size, default 512KiB")
     channels: int = Field(1, ge=1, le=16, description="parallel rings, 1..16")
     cnp: bool = Field(False, description="receivers act as DCQCN notification points (send CNPs on CE)")
+    reliable: bool = Field(False, description="go-back-N: NAK (syndrome 0x60) and resend, so loss shows as "
+                                              "retransmissions instead of missing bytes")
     cnp_interval: Annotated[int, BeforeValidator(parse_duration_ns)] = Field(
         50_000, description="minimum real-fabric time between CNPs per QP, default 50us")
     alpha: Annotated[int, BeforeValidator(parse_duration_ns)] = Field(

@@ -1,0 +1,176 @@
+"""The receiving side of an agent: account every packet per QP, assemble messages, answer.
+
+Per QP (sender address, destination QP): packets, bytes, PSN gaps, late packets (duplicates),
+reordered packets (late ones that filled a gap), ECN-CE marks. A message arrives with its last
+packet (WRITE with Immediate: the immediate names the transfer). Each message is ACKed; in
+reliable mode an out-of-order packet is dropped and answered with one NAK (PSN sequence error)
+per expected PSN, as a go-back-N RC receiver does. As a DCQCN notification point the receiver
+sends a CNP per QP at most once per interval while CE-marked packets arrive.
+"""
+from __future__ import annotations
+
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+
+from labctl.traffic import roce
+from labctl.traffic.sender import Sender, qpn, qpn_fields
+
+MAX_TRACKED_GAP = 4096  # PSNs remembered per gap to recognise reordering
+
+
+@dataclass
+class QpRx:
+    packets: int = 0
+    bytes: int = 0
+    gaps: int = 0          # PSNs that never came (before a later one did)
+    late: int = 0          # PSNs behind the expected one that filled no gap: duplicates
+    reordered: int = 0     # PSNs that arrived after a later one but filled their gap
+    dropped: int = 0       # reliable mode: out-of-order packets discarded (go-back-N)
+    ce: int = 0
+    cnp_sent: int = 0
+    naks_sent: int = 0
+    messages: int = 0
+    expected_psn: int | None = None
+    msg_bytes: int = 0
+    msg_len: int = 0
+    msg_first: int = 0
+    last_cnp: float = 0.0
+    nak_for: int | None = None
+    missing: set = field(default_factory=set)
+    unfinished: list = field(default_factory=list)  # [first psn, last psn, transfer id, bytes short]
+
+    PUBLIC = ("packets", "bytes", "gaps", "late", "reordered", "dropped", "ce", "cnp_sent", "naks_sent", "messages")
+
+    def public(self) -> dict:
+        return {k: getattr(self, k) for k in self.PUBLIC}
+
+
+class Receiver:
+    def __init__(self, rank: int, peers: dict, sender: Sender, cnp_interval: float | None, reliable: bool):
+        self.rank, self.peers, self.sender = rank, peers, sender
+        self.cnp_interval, self.reliable = cnp_interval, reliable
+        self.qps: dict[tuple[str, int], QpRx] = {}
+        self.arrived: dict[int, tuple[float, int, bool]] = {}
+        self.cond = threading.Condition()
+
+    def packet(self, data: memoryview, src_ip: str, tos: int) -> None:
+        if len(data) < roce.BTH_LEN + roce.ICRC_LEN:
+            return
+        opcode, pad, dqpn, psn, _becn = roce.parse_bth(data)
+        if opcode == roce.CNP:
+            self.sender.qp(dqpn).cnp_received += 1
+            return
+        if opcode == roce.ACK:
+            self.sender.on_ack(dqpn, psn, data[roce.BTH_LEN])
+            return
+        key = (src_ip, dqpn)
+        q = self.qps.get(key)
+        if q is None:
+            q = self.qps[key] = QpRx()
+        q.packets += 1
+        if tos & 3 == roce.CE:
+            q.ce += 1
+            self._maybe_cnp(q, src_ip, dqpn)
+        if q.expected_psn is None:
+            q.expected_psn = psn
+        gap = (psn - q.expected_psn) & roce.PSN_MASK
+        if gap == 0:
+            q.expected_psn = (psn + 1) & roce.PSN_MASK
+            q.nak_for = None
+        elif gap < 1 << 23:
+            if self.reliable:  # go-back-N: drop it, ask once for the PSN we expect
+                q.dropped += 1
+                if q.nak_for != q.expected_psn:
+                    q.nak_for = q.expected_psn
+                    q.naks_sent += 1
+                    self._reply(src_ip, dqpn, lambda s, d, sp, qq, e=q.expected_psn, m=q.messages:
+                                roce.ack_payload(s, d, sp, qq, e, m, roce.NAK_PSN_SEQ_ERR), roce.TOS_DATA)
+                return
+            q.gaps += gap
+            if gap <= MAX_TRACKED_GAP:
+                q.missing.update((q.expected_psn + i) & roce.PSN_MASK for i in range(gap))
+            q.expected_psn = (psn + 1) & roce.PSN_MASK
+        else:
+            if self.reliable:
+                q.late += 1
+                if opcode in roce.ENDS:  # a resent message we already have: its ACK was lost
+                    self._ack(src_ip, dqpn, (q.expected_psn - 1) & roce.PSN_MASK, q.messages)
+                return
+            self._late(q, data, opcode, pad, psn)
+            return
+        off = roce.BTH_LEN
+        if opcode in roce.STARTS:
+            q.msg_bytes, q.msg_first = 0, psn
+            if opcode in roce.HAS_RETH:
+                q.msg_len = struct.unpack_from("!I", data, off + 12)[0]
+                off += roce.RETH_LEN
+        immediate = None
+        if opcode in roce.HAS_IMM:
+            immediate = struct.unpack_from("!I", data, off)[0]
+            off += roce.IMM_LEN
+        size = len(data) - off - roce.ICRC_LEN - pad
+        q.bytes += size
+        q.msg_bytes += size
+        if opcode in roce.ENDS:
+            q.messages += 1
+            self._ack(src_ip, dqpn, psn, q.messages)
+            if immediate is not None:
+                complete = q.msg_bytes == q.msg_len
+                if not complete:  # a reordered packet may still fill it
+                    q.unfinished.append([q.msg_first, psn, immediate, q.msg_len - q.msg_bytes])
+                    del q.unfinished[:-64]
+                with self.cond:
+                    self.arrived[immediate] = (time.monotonic(), q.msg_bytes, complete)
+                    self.cond.notify_all()
+
+    def _late(self, q: QpRx, data: memoryview, opcode: int, pad: int, psn: int) -> None:
+        """A PSN behind the expected one: a reordered packet filling its gap, or a duplicate."""
+        if psn not in q.missing:
+            q.late += 1
+            return
+        q.missing.discard(psn)
+        q.gaps -= 1
+        q.reordered += 1
+        off = roce.BTH_LEN + (roce.RETH_LEN if opcode in roce.HAS_RETH else 0) + \
+            (roce.IMM_LEN if opcode in roce.HAS_IMM else 0)
+        size = len(data) - off - roce.ICRC_LEN - pad
+        q.bytes += size
+        for entry in q.unfinished:
+            first, last, imm, short = entry
+            if (psn - first) & roce.PSN_MASK <= (last - first) & roce.PSN_MASK:
+                entry[3] = short - size
+                if entry[3] == 0:
+                    with self.cond:
+                        t, got, _ = self.arrived[imm]
+                        self.arrived[imm] = (t, got + size, True)
+                    q.unfinished.remove(entry)
+                return
+        q.msg_bytes += size  # the message still being received
+
+    def _reply(self, src_ip: str, dqpn: int, payload_fn, tos: int) -> None:
+        peer = self.peers.get(src_ip)
+        if peer is None:
+            return
+        _, _, k = qpn_fields(dqpn)
+        peer_rank, my_ip = peer
+        peer_qpn = qpn(peer_rank, self.rank, k)
+        sport = roce.udp_sport(dqpn, peer_qpn)
+        sock = self.sender.socket_for(my_ip, sport, tos)
+        try:
+            sock.sendto(payload_fn(my_ip, src_ip, sport, peer_qpn), (src_ip, roce.ROCE_PORT))
+        except OSError:
+            pass  # a control packet lost to a full local queue is lost, as on a NIC
+
+    def _ack(self, src_ip: str, dqpn: int, psn: int, msn: int) -> None:
+        self._reply(src_ip, dqpn, lambda s, d, sp, q: roce.ack_payload(s, d, sp, q, psn, msn), roce.TOS_DATA)
+
+    def _maybe_cnp(self, q: QpRx, src_ip: str, dqpn: int) -> None:
+        if self.cnp_interval is None:
+            return
+        now = time.monotonic()
+        if now - q.last_cnp >= self.cnp_interval:
+            q.last_cnp = now
+            q.cnp_sent += 1
+            self._reply(src_ip, dqpn, lambda s, d, sp, qq: roce.cnp_payload(s, d, sp, qq), roce.TOS_CNP)

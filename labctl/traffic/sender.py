@@ -1,0 +1,208 @@
+"""The sending side of an agent: QPs, PSNs, GSO sends, and go-back-N when reliability is on.
+
+In reliable mode a QP keeps its unacknowledged messages; a NAK (AETH syndrome 0x60, PSN sequence
+error) or a retransmission timeout sends everything again from the PSN the receiver expects, as
+an RC QP does. Otherwise packets are sent once and loss shows up at the receiver as PSN gaps.
+"""
+from __future__ import annotations
+
+import errno
+import socket
+import struct
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from labctl.traffic import roce
+
+IP_MTU_DISCOVER, IP_PMTUDISC_DO = 10, 2   # not exported by Python 3.11's socket module
+UDP_SEGMENT = 103                          # linux/udp.h
+
+
+def qpn(rank: int, peer: int, k: int) -> int:
+    """QP number at `rank` for its k-th QP toward `peer` (≥ 2: QP0/QP1 are special)."""
+    return 0x100000 | (rank & 0xFF) << 12 | (peer & 0x1FF) << 3 | (k & 7)
+
+
+def qpn_fields(q: int) -> tuple[int, int, int]:
+    return (q >> 12) & 0xFF, (q >> 3) & 0x1FF, q & 7
+
+
+def psn_before(a: int, b: int) -> bool:
+    """a comes before b in 24-bit PSN space."""
+    return 0 < (b - a) & roce.PSN_MASK < 1 << 23
+
+
+@dataclass
+class Message:
+    first: int
+    last: int
+    length: int
+    imm: int
+    builder: roce.MessageBuilder
+    sock: socket.socket
+    dest: tuple
+
+
+@dataclass
+class QpTx:
+    psn: int = 0
+    packets: int = 0
+    bytes: int = 0
+    acks: int = 0
+    naks: int = 0
+    cnp_received: int = 0
+    retransmitted: int = 0
+    timeouts: int = 0
+    unacked: deque = field(default_factory=deque)
+    resend_from: int | None = None
+    sent_upto: int = 0          # the first PSN not sent yet (go-back-N never runs ahead of it)
+    last_progress: float = 0.0
+
+    def public(self) -> dict:
+        return {k: getattr(self, k) for k in ("psn", "packets", "bytes", "acks", "naks", "cnp_received",
+                                              "retransmitted", "timeouts")}
+
+
+class Sender:
+    def __init__(self, rank: int, mtu: int, sport_policy: str, rng, reliable: bool, gso: bool = True):
+        self.rank, self.mtu, self.sport_policy, self.rng = rank, mtu, sport_policy, rng
+        self.reliable, self.gso = reliable, gso
+        self.qps: dict[int, QpTx] = {}
+        self.sockets: dict = {}
+        self.builders: dict = {}
+        self.lock = threading.Lock()
+
+    def qp(self, lq: int) -> QpTx:
+        q = self.qps.get(lq)
+        if q is None:
+            q = self.qps[lq] = QpTx()
+        return q
+
+    def socket_for(self, src: str, sport: int, tos: int) -> socket.socket:
+        key = (src, sport, tos)
+        s = self.sockets.get(key)
+        if s is None:
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            # unconnected + PMTUDISC_DO: DF set and IP ID 0, so the precomputed ICRC holds on the wire
+            s.setsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO)
+            s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
+            s.bind((src, sport))
+            self.sockets[key] = s
+        return s
+
+    def _sport(self, lq: int, rq: int) -> int:
+        if self.sport_policy == "fixed":
+            return 0xC000
+        if self.sport_policy == "random":
+            return self.rng.randrange(0xC000, 0x10000)
+        return roce.udp_sport(lq, rq)
+
+    def _builder(self, src: str, dst: str, sport: int, rq: int) -> roce.MessageBuilder:
+        key = (src, dst, sport, rq)
+        b = self.builders.get(key)
+        if b is None:
+            b = self.builders[key] = roce.MessageBuilder(src, dst, sport, rq, self.mtu)
+        return b
+
+    def send_message(self, t: dict) -> None:
+        lq, rq = qpn(self.rank, t["dst"], t["qp"]), qpn(t["dst"], self.rank, t["qp"])
+        q = self.qp(lq)
+        sport = self._sport(lq, rq)
+        sock = self.socket_for(t["src_addr"], sport, roce.TOS_DATA)
+        builder = self._builder(t["src_addr"], t["dst_addr"], sport, rq)
+        dest = (t["dst_addr"], roce.ROCE_PORT)
+        npkts = len(roce.message_opcodes(t["nbytes"], self.mtu))
+        if self.reliable:
+            with self.lock:
+                q.unacked.append(Message(q.psn, (q.psn + npkts - 1) & roce.PSN_MASK, t["nbytes"], t["id"],
+                                         builder, sock, dest))
+                if q.last_progress == 0.0:
+                    q.last_progress = time.monotonic()
+        if self.gso:
+            # runs of Middle packets leave in one UDP_SEGMENT send; the host's veth (no checksum
+            # offload, so no UDP GSO feature) cuts them into real frames before they enter the fabric
+            for psn, buf, seg, count in builder.gso_batches(q.psn, t["nbytes"], t["id"]):
+                send(sock, buf, [(socket.SOL_UDP, UDP_SEGMENT, struct.pack("H", seg))] if count > 1 else [], dest)
+                q.packets += count
+                q.bytes += len(buf)
+                q.sent_upto = (psn + count) & roce.PSN_MASK
+                if self.reliable and q.resend_from is not None:
+                    self.go_back(q)
+        else:
+            for psn, payload in builder.packets(q.psn, t["nbytes"], t["id"]):
+                send(sock, payload, [], dest)
+                q.packets += 1
+                q.bytes += len(payload)
+                q.sent_upto = (psn + 1) & roce.PSN_MASK
+                if self.reliable and q.resend_from is not None:
+                    self.go_back(q)
+        q.psn = (q.psn + npkts) & roce.PSN_MASK
+
+    # -- reliability -----------------------------------------------------------------------------
+    def on_ack(self, lq: int, psn: int, syndrome: int) -> None:
+        q = self.qp(lq)
+        with self.lock:
+            if syndrome == 0:
+                q.acks += 1
+                while q.unacked and not psn_before(psn, q.unacked[0].last):
+                    q.unacked.popleft()
+                q.last_progress = time.monotonic()
+            else:
+                q.naks += 1
+                if syndrome == roce.NAK_PSN_SEQ_ERR:
+                    q.resend_from = psn
+
+    def go_back(self, q: QpTx) -> None:
+        """Send again every unacknowledged packet from the PSN the receiver asked for."""
+        with self.lock:
+            start, q.resend_from = q.resend_from, None
+            msgs = list(q.unacked)
+        if start is None:
+            return
+        for m in msgs:
+            if psn_before(m.last, start):
+                continue
+            for psn, payload in m.builder.packets(m.first, m.length, m.imm):
+                if psn_before(psn, start):
+                    continue
+                if not psn_before(psn, q.sent_upto):
+                    return  # the rest of this message has not been sent for the first time yet
+                send(m.sock, payload, [], m.dest)
+                q.retransmitted += 1
+        q.last_progress = time.monotonic()
+
+    def settle(self, deadline: float, rto: float) -> bool:
+        """Reliable mode: answer NAKs and time-outs until every message is acknowledged."""
+        if not self.reliable:
+            return True
+        while time.monotonic() < deadline:
+            pending = [q for q in self.qps.values() if q.unacked]
+            if not pending:
+                return True
+            for q in pending:
+                if q.resend_from is None and time.monotonic() - q.last_progress > rto:
+                    with self.lock:
+                        if q.unacked:
+                            q.resend_from = q.unacked[0].first  # the tail was lost: no NAK can come
+                            q.timeouts += 1
+                if q.resend_from is not None:
+                    self.go_back(q)
+            time.sleep(0.001)
+        return False
+
+
+def send(sock: socket.socket, buf, cmsg: list, dest) -> None:
+    while True:
+        try:
+            sock.sendmsg([buf], cmsg, 0, dest)
+            return
+        except (BlockingIOError, InterruptedError):
+            time.sleep(0.0001)
+        except OSError as exc:  # ENOBUFS: a local qdisc refused it; retry as a NIC would
+            if exc.errno != errno.ENOBUFS:
+                raise
+            time.sleep(0.0005)
