@@ -2,7 +2,7 @@
 # Install labctl and everything it needs on Debian 12 / Ubuntu 24.04, as root. Safe to run again.
 #   ./install.sh          install: system packages, a virtualenv in .venv, /usr/local/bin/labctl
 #   ./install.sh --demo   install, then build the bundled leaf-spine lab, ping across it, show it,
-#                         and take it down again
+#                         run a ring all-reduce on it, and take it down again
 # The Vagrantfile provisions with this script; CI runs it too (.ci/run → test.sh).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -63,8 +63,10 @@ if [ "$demo" -eq 1 ]; then
   for sport in 49152 49153 49154 49155; do labctl route srv1-gpu0 srv2-gpu1 --lab "$lab" --sport "$sport"; done
   say "labctl status $lab"
   COLUMNS=${COLUMNS:-140} labctl status "$lab"
+  say "labctl run workloads/allreduce.yml (ring all-reduce of 1 MB to 64 MB over the 8 GPUs, as RoCEv2)"
+  labctl run "$here/workloads/allreduce.yml" --lab "$lab" --out "$here/runs/demo-allreduce"
   say "labctl down $lab"
   labctl down "$lab"
   trap - EXIT
-  say "demo done: the lab came up, every GPU reached every other, and nothing is left behind"
+  say "demo done: the lab came up, every GPU reached every other, the all-reduce ran (results in runs/demo-allreduce), and nothing is left behind"
 fi

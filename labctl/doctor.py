@@ -101,6 +101,9 @@ def features(k: dict[str, bool]) -> list[dict]:
          "status": "in use" if k.get("htb") and k.get("bfifo") else "MISSING: labctl cannot shape"},
         {"feature": "ECMP", "mechanism": "multipath routes, fib_multipath_hash_policy=1 (L4), fixed seed",
          "status": "in use"},
+        {"feature": "RoCEv2 traffic", "mechanism": "agents in GPU namespaces: UDP 4791 sockets, GSO sends cut "
+                                                  "into frames at the host veth, recvmmsg receivers",
+         "status": "in use"},
         {"feature": "traffic classes", "mechanism": pick("mqprio/prio available; HTB classes used",
                                                          "HTB classes + bfifo leaves (no prio/mqprio)",
                                                          k.get("prio", False)),
