@@ -130,3 +130,8 @@ def test_gso_batches_are_the_same_packets_with_ip_id_per_segment(length):
             got.append(part)
     assert [g[:-4] for g in got] == [r[:-4] for r in ref]
     assert all(len(g) <= 4096 + 12 + 16 + 4 + 4 for g in got)
+
+
+def test_send_only_round_trip():
+    pkt = _dissect(roce.send_payload("10.1.0.16", "10.1.0.27", 0xC123, 0x100777, 5, b"ready"))
+    assert pkt[BTH].opcode == roce.SEND_ONLY and pkt[BTH].padcount == 3 and pkt[BTH].psn == 5

@@ -254,6 +254,11 @@ class MessageBuilder:
             psn = (psn + 1) & PSN_MASK
 
 
+def send_payload(src: str, dst: str, sport: int, dqpn: int, psn: int, data: bytes) -> bytes:
+    """RC SEND Only: a small control message (at most one MTU), padded to 4 with PadCnt."""
+    return udp_payload(src, dst, sport, bth(SEND_ONLY, dqpn, psn, padcnt=-len(data) % 4, ackreq=True), data)
+
+
 def ack_payload(src: str, dst: str, sport: int, dqpn: int, psn: int, msn: int, syndrome: int = 0) -> bytes:
     """RC ACK (syndrome 0) or NAK (e.g. 0x60, PSN sequence error) with AETH."""
     return udp_payload(src, dst, sport, bth(ACK, dqpn, psn) + aeth(syndrome, msn))

@@ -181,19 +181,21 @@ def payload_rate(plan: LabPlan, iface: Interface) -> float:
 
 
 def ideal_seconds(plan: LabPlan, schedule: Schedule, nodes: dict[int, Node], alpha_s: float = 0.0) -> float:
-    """The α-β bound: per phase, the busiest rank's bytes over its NIC's payload rate, plus α a step."""
+    """The α-β bound: per phase, the busiest NIC's payload bytes over its own payload rate (so NVLink
+    and Ethernet hops each count at their speed), plus α per step; phases run one after another."""
     total = 0.0
     phases: dict[str, list] = {}
     for t in schedule.transfers:
         phases.setdefault(t.phase, []).append(t)
     for ts in phases.values():
-        load: dict[tuple[str, int], float] = {}
-        rate = float("inf")
+        load: dict[tuple[str, str, str], float] = {}
+        rate: dict[tuple[str, str, str], float] = {}
         for t in ts:
-            ia, ib = path_ports(plan, nodes[t.src], nodes[t.dst])
-            rate = min(rate, payload_rate(plan, ia), payload_rate(plan, ib))
-            load[("tx", t.src)] = load.get(("tx", t.src), 0) + t.nbytes
-            load[("rx", t.dst)] = load.get(("rx", t.dst), 0) + t.nbytes
+            a, b = nodes[t.src], nodes[t.dst]
+            ia, ib = path_ports(plan, a, b)
+            for key, iface in (((a.name, ia.name, "tx"), ia), ((b.name, ib.name, "rx"), ib)):
+                load[key] = load.get(key, 0.0) + t.nbytes
+                rate[key] = payload_rate(plan, iface)
         steps = len({t.step for t in ts})
-        total += max(load.values()) / rate + alpha_s * steps
+        total += max(load[k] / rate[k] for k in load) + alpha_s * steps
     return total
