@@ -52,7 +52,9 @@ def test_status_reports_every_port_up_with_the_planned_address(built_lab, lab_na
     assert plan.node("leaf1").iface("spine1").address in live
 
 
-def test_every_port_is_shaped_with_htb_at_the_dilated_rate(built_lab, lab_name):
+def test_every_port_has_the_planned_class_tree(built_lab, lab_name):
+    """HTB 1:1 at the dilated link rate; per traffic class 1:(0x10+tc) at its share with the link as
+    ceil (strict classes at prio 0) over a bfifo of the class's buffer; DSCP → class on switches."""
     require_root()
     plan = built_lab(LEAF_SPINE)
     from pyroute2 import IPRoute
@@ -61,14 +63,24 @@ def test_every_port_is_shaped_with_htb_at_the_dilated_rate(built_lab, lab_name):
             ipr = IPRoute()
         try:
             for iface in node.interfaces:
-                classes = [c for c in ipr.get_classes(index=iface.index) if c.get_attr("TCA_KIND") == "htb"]
-                rates = [c.get_attr("TCA_OPTIONS").get_attr("TCA_HTB_PARMS")["rate"] for c in classes]
-                assert rates == [iface.shaping.rate_bps // 8], (node.name, iface.name)
-                leaves = [q.get_attr("TCA_KIND") for q in ipr.get_qdiscs(index=iface.index)
-                          if q["index"] == iface.index]
-                assert sorted(leaves) == ["bfifo", "htb"]
+                s = iface.shaping
+                classes = {c["handle"] & 0xFFFF: c.get_attr("TCA_OPTIONS").get_attr("TCA_HTB_PARMS")
+                           for c in ipr.get_classes(index=iface.index) if c.get_attr("TCA_KIND") == "htb"}
+                assert classes[1]["rate"] == s.rate_bps // 8
+                assert len(s.classes) == 3 and set(classes) == {1} | {0x10 + c.tc for c in s.classes}
+                for c in s.classes:
+                    got = classes[0x10 + c.tc]
+                    assert (got["rate"], got["ceil"], got["prio"]) == (c.rate_bps // 8, s.rate_bps // 8, c.prio)
+                leaves = {q["handle"] >> 16: q for q in ipr.get_qdiscs() if q["index"] == iface.index}
+                assert leaves[1].get_attr("TCA_KIND") == "htb"
+                for c in s.classes:
+                    leaf = leaves[0x20 + c.tc]
+                    assert leaf.get_attr("TCA_KIND") == "bfifo" and leaf["parent"] == 0x10010 + c.tc
         finally:
             ipr.close()
+    rules = subprocess.run(["ip", "netns", "exec", plan.node("leaf1").namespace, "nft", "list", "ruleset"],
+                           capture_output=True, text=True, check=True).stdout
+    assert "ip dscp af31 meta priority set 1:13" in rules and "ip dscp cs6 meta priority set 1:16" in rules
 
 
 def test_route_predicts_the_spine_and_real_udp_follows_it(built_lab, lab_name):

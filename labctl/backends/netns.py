@@ -16,15 +16,13 @@ import time
 from typing import Callable
 
 from labctl.backends import nsutil, rtnl
+from labctl.dataplane import nft, qos
 from labctl.errors import LabError
 from labctl.plan.model import Interface, LabPlan, Node
 from labctl.state import LabDir
 
 Progress = Callable[[str, int, int], None]
 
-HTB_ROOT = 0x10000      # 1:
-HTB_CLASS = 0x10001     # 1:1, the link rate; the queueing issue adds per-traffic-class children
-LEAF = 0x100000         # 10:
 
 
 def _quiet(stage: str, done: int, total: int) -> None:
@@ -55,6 +53,7 @@ class NetnsBackend:
             self._create_links(plan, handles, progress)
             for i, node in enumerate(plan.nodes):
                 _configure(node, handles[node.name])
+                _classify(node)
                 progress("configure", i + 1, len(plan.nodes))
             _wait_links_up(plan, handles)
         except BaseException:
@@ -146,12 +145,35 @@ def _configure(node: Node, h: _NsHandles) -> None:
 
 
 def _add_shaping(batch: rtnl.Batch, node: Node, iface: Interface) -> None:
+    """HTB at the link rate with a class and a bfifo leaf per traffic class (dataplane/qos.py)."""
     s = iface.shaping
     where = f"{node.name}:{iface.name}"
-    batch.add(rtnl.htb_qdisc(iface.index, HTB_ROOT, HTB_CLASS & 0xFFFF), f"{where}: htb root")
-    batch.add(rtnl.htb_class(iface.index, HTB_CLASS, HTB_ROOT, s.rate_bps, s.burst_bytes, s.quantum),
+    classes = s.classes
+    default = next((c.tc for c in classes if not c.dscp), None)
+    default_minor = qos.class_minor(default) if default is not None else 1
+    batch.add(rtnl.htb_qdisc(iface.index, qos.HTB_ROOT, default_minor), f"{where}: htb root")
+    batch.add(rtnl.htb_class(iface.index, qos.HTB_LINK, qos.HTB_ROOT, s.rate_bps, s.burst_bytes, s.quantum),
               f"{where}: htb class at {s.rate_bps} bit/s")
-    batch.add(rtnl.bfifo(iface.index, LEAF, HTB_CLASS, s.buffer_bytes), f"{where}: bfifo leaf")
+    if not classes:
+        batch.add(rtnl.bfifo(iface.index, 0x100000, qos.HTB_LINK, s.buffer_bytes), f"{where}: bfifo leaf")
+        return
+    for c in classes:
+        batch.add(rtnl.htb_class(iface.index, qos.class_handle(c.tc), qos.HTB_LINK, c.rate_bps, s.burst_bytes,
+                                 s.quantum, prio=c.prio, ceil_bps=s.rate_bps), f"{where}: class {c.name}")
+        batch.add(rtnl.bfifo(iface.index, qos.leaf_handle(c.tc), qos.class_handle(c.tc), c.buffer_bytes),
+                  f"{where}: {c.name} queue")
+
+
+def _classify(node: Node) -> None:
+    """Forwarding nodes put packets in their class by DSCP (nftables sets skb->priority)."""
+    if not node.forwarding or not node.interfaces or not node.interfaces[0].shaping.classes:
+        return
+    specs = [{"tc": c.tc, "dscp": c.dscp} for c in node.interfaces[0].shaping.classes]
+    ctx = nft.Nft(node.namespace)
+    try:
+        ctx.run(qos.classify_ruleset(specs))
+    finally:
+        ctx.close()
 
 
 def _wait_links_up(plan: LabPlan, handles: dict[str, _NsHandles], timeout: float = 10.0) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import ipaddress
 
 from labctl.errors import InputError
+from labctl.dataplane import qos
 from labctl.plan import model, naming, routing
 from labctl.topology.check import link_fabric, node_fabric
 from labctl.topology.load import Loaded
@@ -27,10 +28,17 @@ def default_pools(index: int) -> tuple[str, str]:
     return f"10.{index}.0.0/16", f"10.{100 + index}.0.0/24"
 
 
-def shaping_for(lab_rate_bps: int, mtu: int, buffer_bytes: int) -> model.Shaping:
+def shaping_for(lab_rate_bps: int, mtu: int, buffer_bytes: int, classes=(), lossless_fabric: bool = False
+                ) -> model.Shaping:
     frame = mtu + ETH_HEADER
     burst = max(lab_rate_bps // 8 // 1000, 2 * frame)
-    return model.Shaping(rate_bps=lab_rate_bps, burst_bytes=burst, quantum=frame, buffer_bytes=buffer_bytes)
+    specs = [c.model_dump() for c in classes]
+    plans = [model.ClassPlan(name=c["name"], tc=c["tc"], dscp=list(c["dscp"]), rate_bps=rate,
+                             prio=0 if c["strict"] else 1, buffer_bytes=c["buffer"],
+                             lossless=c["lossless"] and lossless_fabric, ecn=c["ecn"])
+             for c, rate in zip(specs, qos.class_rates(specs, lab_rate_bps))]
+    return model.Shaping(rate_bps=lab_rate_bps, burst_bytes=burst, quantum=frame, buffer_bytes=buffer_bytes,
+                         classes=plans)
 
 
 def node_sysctls(topo: Topology, forwarding: bool) -> dict[str, str]:
@@ -105,12 +113,14 @@ def compile_plan(loaded: Loaded) -> model.LabPlan:
                 name=ifname, index=link_ifindex(i, end), mac=naming.mac(n.index, len(n.interfaces)),
                 mtu=mtu, address=f"{mine}/31", peer_node=peer, peer_iface=peer_if,
                 peer_address=str(theirs), link=i, fabric=fabric,
-                shaping=shaping_for(lab_rate, mtu, topo.defaults.buffer),
+                shaping=shaping_for(lab_rate, mtu, topo.defaults.buffer, topo.qos.classes,
+                                    fabrics[fabric].lossless),
                 delay_ns=int(round(latency * topo.dilation))))
 
     _add_routes(nodes, links, fabrics)
+    e = topo.qos.ecn
     return model.LabPlan(topo.name, topo.description.strip(), topo.dilation, loaded.template, fabrics,
-                         list(nodes.values()), links)
+                         list(nodes.values()), links, model.EcnPlan(e.kmin, e.kmax, e.pmax))
 
 
 def _number_ranks(nodes: dict[str, model.Node]) -> None:

@@ -5,12 +5,26 @@ from dataclasses import dataclass, field, fields, is_dataclass
 
 
 @dataclass
+class ClassPlan:
+    """One traffic class on one port: HTB class 1:(0x10+tc) with a bfifo leaf (dataplane/qos.py)."""
+    name: str
+    tc: int
+    dscp: list[int]
+    rate_bps: int        # guaranteed: the class's weight share of the link; ceil is the link
+    prio: int            # HTB prio: 0 for strict classes, 1 for weighted ones
+    buffer_bytes: int
+    lossless: bool       # PFC protects it here (the class is lossless and so is the port's fabric)
+    ecn: bool
+
+
+@dataclass
 class Shaping:
-    """Egress queueing of one port: HTB at the lab (dilated) rate over a byte-limited FIFO."""
+    """Egress queueing of one port: HTB at the lab (dilated) rate, a class per traffic class."""
     rate_bps: int        # lab rate = real rate / dilation
     burst_bytes: int     # ≈ 1 ms of rate: tc's default burst loses 25% at 1 Gbit/s (DESIGN §8)
     quantum: int
     buffer_bytes: int
+    classes: list[ClassPlan] = field(default_factory=list)
 
 
 @dataclass
@@ -86,6 +100,13 @@ class FabricPlan:
 
 
 @dataclass
+class EcnPlan:
+    kmin: int
+    kmax: int
+    pmax: float
+
+
+@dataclass
 class LabPlan:
     lab: str
     description: str
@@ -94,6 +115,7 @@ class LabPlan:
     fabrics: dict[str, FabricPlan]
     nodes: list[Node]
     links: list[Link]
+    ecn: EcnPlan = field(default_factory=lambda: EcnPlan(400_000, 1_600_000, 0.2))
 
     def node(self, name: str) -> Node:
         for n in self.nodes:
@@ -108,12 +130,14 @@ class LabPlan:
     def from_dict(cls, d: dict) -> "LabPlan":
         nodes = []
         for n in d["nodes"]:
-            ifaces = [Interface(**{**i, "shaping": Shaping(**i["shaping"])}) for i in n["interfaces"]]
+            ifaces = [Interface(**{**i, "shaping": Shaping(**{**i["shaping"], "classes": [
+                ClassPlan(**c) for c in i["shaping"].get("classes", [])]})}) for i in n["interfaces"]]
             routes = [Route(r["dst"], [NextHop(**h) for h in r["nexthops"]]) for r in n["routes"]]
             nodes.append(Node(**{**n, "interfaces": ifaces, "routes": routes}))
         return cls(d["lab"], d["description"], d["dilation"], d["template"],
                    {k: FabricPlan(**v) for k, v in d["fabrics"].items()}, nodes,
-                   [Link(**lk) for lk in d["links"]])
+                   [Link(**lk) for lk in d["links"]], EcnPlan(**d["ecn"]) if "ecn" in d else EcnPlan(
+                       400_000, 1_600_000, 0.2))
 
 
 def _plain(obj):

@@ -119,6 +119,7 @@ def check_topology(topo: Topology, smap: SourceMap) -> None:
                              f"in the lab, too slow to carry a jumbo frame in a second",
                              f"lower dilation to at most {rate / LAB_RATE_MIN:g}, or raise the rate")
 
+    _check_qos(topo, smap)
     for name in topo.nodes:
         if name not in linked:
             raise InputError(smap.where(("nodes", name)), f"node {name!r} has no links",
@@ -127,3 +128,32 @@ def check_topology(topo: Topology, smap: SourceMap) -> None:
         assign_ifnames(ends)
     except NamingError as exc:
         raise InputError(smap.where(("links", exc.link, "endpoints", exc.end)), exc.message, exc.fix) from None
+
+
+def _check_qos(topo: Topology, smap: SourceMap) -> None:
+    seen_tc: dict[int, str] = {}
+    seen_dscp: dict[int, str] = {}
+    defaults = []
+    for i, c in enumerate(topo.qos.classes):
+        where = ("qos", "classes", i)
+        if c.tc in seen_tc:
+            raise InputError(smap.where(where + ("tc",)), f"classes {seen_tc[c.tc]!r} and {c.name!r} both use "
+                             f"traffic class {c.tc}", "give each class its own tc (0..7)")
+        seen_tc[c.tc] = c.name
+        for d in c.dscp:
+            if not 0 <= d <= 63:
+                raise InputError(smap.where(where + ("dscp",)), f"DSCP {d} is not in 0..63", "use a 6-bit DSCP")
+            if d in seen_dscp:
+                raise InputError(smap.where(where + ("dscp",)), f"DSCP {d} is mapped to both {seen_dscp[d]!r} "
+                                 f"and {c.name!r}", "map each DSCP to one class")
+            seen_dscp[d] = c.name
+        if not c.dscp:
+            defaults.append(c.name)
+    if len(defaults) != 1:
+        raise InputError(smap.where(("qos", "classes")),
+                         f"exactly one class must take the unmapped DSCPs (a class with no dscp:), found "
+                         f"{len(defaults)}", "leave dscp: out of exactly one class, e.g. the default class")
+    e = topo.qos.ecn
+    if e.kmin >= e.kmax:
+        raise InputError(smap.where(("qos", "ecn")), f"ecn kmin ({e.kmin} B) must be below kmax ({e.kmax} B)",
+                         "e.g. kmin: 400KB, kmax: 1600KB")

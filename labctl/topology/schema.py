@@ -43,6 +43,36 @@ class Routing(Strict):
                            description="fib_multipath_hash_seed, fixed so ECMP spreads are reproducible")
 
 
+class TrafficClass(Strict):
+    name: Name
+    tc: int = Field(ge=0, le=7, description="the traffic class (802.1p priority) 0..7")
+    dscp: list[int] = Field(default_factory=list, description="DSCP values mapped to this class; "
+                                                              "the class with none takes everything else")
+    lossless: bool = Field(False, description="PFC protects this class (on fabrics marked lossless)")
+    ecn: bool = Field(False, description="mark ECT packets CE on queue depth (the ecn: profile)")
+    strict: bool = Field(False, description="strict priority over the weighted classes")
+    weight: int = Field(1, ge=1, le=100, description="share of the link among non-strict classes, 1..100")
+    buffer: Size = Field(4 * 1024 * 1024, description="this class's egress buffer per port, e.g. 4MiB")
+
+
+class EcnProfile(Strict):
+    kmin: Size = Field(400_000, description="queue depth where marking starts, e.g. 400KB")
+    kmax: Size = Field(1_600_000, description="queue depth where the probability reaches pmax, e.g. 1600KB")
+    pmax: float = Field(0.2, gt=0, le=1, description="marking probability at kmax (1 above it)")
+
+
+def default_classes() -> list[TrafficClass]:
+    """RoCE data (DSCP 26) lossless and ECN-capable; CNP/control (DSCP 48) strict; the rest lossy."""
+    return [TrafficClass(name="roce", tc=3, dscp=[26], lossless=True, ecn=True, weight=70),
+            TrafficClass(name="cnp", tc=6, dscp=[48], strict=True, weight=10, buffer=256 * 1024),
+            TrafficClass(name="default", tc=0, weight=20)]
+
+
+class Qos(Strict):
+    classes: list[TrafficClass] = Field(default_factory=default_classes, min_length=1)
+    ecn: EcnProfile = EcnProfile()
+
+
 class Fabric(Strict):
     kind: Literal[FABRIC_KINDS] = Field(description="one of " + ", ".join(FABRIC_KINDS))
     description: str = ""
@@ -80,3 +110,4 @@ class Topology(Strict):
     fabrics: dict[Name, Fabric] = Field(default_factory=lambda: {"backend": Fabric(kind="scale-out")})
     nodes: dict[Name, Node] = Field(min_length=1, description="at least one node")
     links: list[Link] = Field(default_factory=list)
+    qos: Qos = Qos()

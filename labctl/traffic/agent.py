@@ -27,9 +27,11 @@ RCVBUF = 32 << 20
 
 class Agent:
     def __init__(self, rank: int, mtu: int, peers: dict, cnp_interval: float | None = None,
-                 sport_policy: str = "per-qp", seed: int = 1, reliable: bool = False, gso: bool = True):
+                 sport_policy: str = "per-qp", seed: int = 1, reliable: bool = False, gso: bool = True,
+                 priorities: dict[int, int] | None = None):
         self.rank = rank
-        self.sender = Sender(rank, mtu, sport_policy, random.Random(seed * 7919 + rank), reliable, gso)
+        self.sender = Sender(rank, mtu, sport_policy, random.Random(seed * 7919 + rank), reliable, gso,
+                             priorities)
         self.receiver = Receiver(rank, peers, self.sender, cnp_interval, reliable)
         self.stop = False
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -112,7 +114,8 @@ def main() -> None:
                 os.sched_setaffinity(0, {msg["cpu"]})
             agent = Agent(msg["rank"], msg["mtu"], {ip: tuple(v) for ip, v in msg["peers"].items()},
                           msg.get("cnp_interval"), msg.get("sport_policy", "per-qp"), msg.get("seed", 1),
-                          msg.get("reliable", False), msg.get("gso", True))
+                          msg.get("reliable", False), msg.get("gso", True),
+                          {int(k): v for k, v in msg.get("priorities", {}).items()})
             say({"event": "ready", "rank": agent.rank, "pid": os.getpid()})
         elif cmd == "run":
             say(agent.run(msg))

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from labctl.errors import LabError
 from labctl.plan.model import Interface, LabPlan, Node
 from labctl.state import LabDir
+from labctl.dataplane import qos
 from labctl.traffic import roce
 from labctl.traffic.schedule import Schedule
 
@@ -100,7 +101,7 @@ class AgentPool:
                 self._send(r, {"cmd": "init", "rank": r, "mtu": roce.roce_mtu(mtu), "peers": peers,
                                "cnp_interval": interval, "sport_policy": options.sport_policy,
                                "seed": options.seed, "cpu": cpus[len(self.procs) % len(cpus)],
-                               "reliable": options.reliable})
+                               "reliable": options.reliable, "priorities": _priorities(node)})
             self._collect("ready", len(ranks), timeout=60)
         except BaseException:
             self.close(kill=True)
@@ -172,6 +173,12 @@ class AgentPool:
             except subprocess.TimeoutExpired:
                 p.kill()
         return self.counters
+
+
+def _priorities(node: Node) -> dict[int, int]:
+    """DSCP → SO_PRIORITY for the agent's sockets: the HTB class of that DSCP on the host's ports."""
+    classes = node.interfaces[0].shaping.classes if node.interfaces else []
+    return {d: qos.priority_value(c.tc) for c in classes for d in c.dscp}
 
 
 def payload_rate(plan: LabPlan, iface: Interface) -> float:

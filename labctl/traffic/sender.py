@@ -66,8 +66,10 @@ class QpTx:
 
 
 class Sender:
-    def __init__(self, rank: int, mtu: int, sport_policy: str, rng, reliable: bool, gso: bool = True):
+    def __init__(self, rank: int, mtu: int, sport_policy: str, rng, reliable: bool, gso: bool = True,
+                 priorities: dict[int, int] | None = None):
         self.rank, self.mtu, self.sport_policy, self.rng = rank, mtu, sport_policy, rng
+        self.priorities = priorities or {}  # DSCP → skb->priority: the HTB class of the host's own port
         self.reliable, self.gso = reliable, gso
         self.qps: dict[int, QpTx] = {}
         self.sockets: dict = {}
@@ -90,6 +92,8 @@ class Sender:
             # unconnected + PMTUDISC_DO: DF set and IP ID 0, so the precomputed ICRC holds on the wire
             s.setsockopt(socket.IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO)
             s.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, tos)
+            if tos >> 2 in self.priorities:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_PRIORITY, self.priorities[tos >> 2])
             s.bind((src, sport))
             self.sockets[key] = s
         return s

@@ -1,0 +1,2 @@
+"""The data plane beyond forwarding: traffic classes, ECN marking, PFC, and the controller that
+drives them from queue depths (DESIGN §3)."""
