@@ -34,9 +34,35 @@ def up(file: str, sets=(), name: str | None = None, template_dirs=(), backend: s
     t0 = time.perf_counter()
     kwargs = {"progress": progress} if progress else {}
     backends()[backend]().apply(plan, lab, **kwargs)
+    try:
+        start_controller(plan, lab)
+    except BaseException:
+        backends()[backend]().destroy(lab)
+        raise
     elapsed = time.perf_counter() - t0
     lab.write_state(status="up", pid=None, backend=backend, build_seconds=round(elapsed, 3))
     return plan, lab, elapsed
+
+
+def start_controller(plan: LabPlan, lab: state.LabDir, timeout: float = 20.0) -> int | None:
+    """The data-plane controller (ECN marking from queue depths), if any class needs one."""
+    import subprocess
+    import sys
+    from labctl.dataplane import controller
+    if not controller.needed(plan):
+        return None
+    log = open(lab.path / "controller.log", "w")
+    p = subprocess.Popen([sys.executable, "-m", "labctl.dataplane.controller", str(lab.path)],
+                         stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True,
+                         start_new_session=True)
+    lab.journal("pid", str(p.pid))
+    line = p.stdout.readline()  # "ready" once its nftables chains are in place
+    if line.strip() != "ready":
+        p.kill()
+        raise LabError(f"the data-plane controller did not start: {(lab.path / 'controller.log').read_text()[-500:]}")
+    p.stdout.close()
+    lab.write_state(controller_pid=p.pid)
+    return p.pid
 
 
 def find_lab(name_or_file: str) -> state.LabDir:

@@ -1,0 +1,48 @@
+"""RED-like ECN marking on (near-)instantaneous queue depth (DESIGN §3), as nftables rules.
+
+p = 0 below Kmin, rising linearly to Pmax at Kmax, 1 above; only ECT packets are marked CE, and
+nothing is dropped for being non-ECT. The probability is applied as `numgen random mod 65536 < N`
+in a per-(port, class) chain that the controller rewrites when N changes.
+"""
+from __future__ import annotations
+
+SCALE = 65536
+
+
+def probability(depth: int, kmin: int, kmax: int, pmax: float) -> float:
+    if depth < kmin:
+        return 0.0
+    if depth > kmax:
+        return 1.0
+    return pmax * (depth - kmin) / (kmax - kmin)
+
+
+def threshold(p: float, steps: int = 1024) -> int:
+    """N for `numgen random mod 65536 < N`, quantised to `steps` levels so the rules change rarely."""
+    return round(p * steps) * SCALE // steps
+
+
+def chain_name(ifindex: int, tc: int) -> str:
+    return f"ecn_{ifindex}_{tc}"
+
+
+def chain_rules(ifindex: int, tc: int, n: int) -> str:
+    """The nftables commands that set a port's class to mark with probability n/65536."""
+    chain = chain_name(ifindex, tc)
+    cmds = [f"flush chain ip labctl {chain}"]
+    if n >= SCALE:
+        cmds.append(f"add rule ip labctl {chain} ip ecn {{ ect0, ect1 }} ip ecn set ce")
+    elif n > 0:
+        cmds.append(f"add rule ip labctl {chain} ip ecn {{ ect0, ect1 }} numgen random mod {SCALE} < {n} "
+                    f"ip ecn set ce")
+    return "\n".join(cmds) + "\n"
+
+
+def setup_rules(ports: list[tuple[int, int, int]]) -> str:
+    """Chains for (ifindex, tc, class minor) triples, jumped to from the classify chain by oif and class."""
+    cmds = []
+    for ifindex, tc, minor in ports:
+        chain = chain_name(ifindex, tc)
+        cmds.append(f"add chain ip labctl {chain}")
+        cmds.append(f"add rule ip labctl classify oif {ifindex} meta priority 1:{minor:x} jump {chain}")
+    return "\n".join(cmds) + "\n"
