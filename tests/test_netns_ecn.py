@@ -78,7 +78,7 @@ def test_marking_fraction_follows_the_profile_at_standing_queue_depths(built_lab
         set_port_rate(h1, h1_port, 100_000_000)
         sender.start()
         for target in (200_000, 700_000, 1_000_000, 1_300_000, 2_000_000):
-            set_port_rate(h1, h1_port, 1_000_000_000)    # fill r1's queue toward h2 at 900 Mbit/s net
+            set_port_rate(h1, h1_port, 200_000_000)      # fill at 100 Mbit/s net: 12.5 kB/ms, no overshoot
             deadline = time.monotonic() + 5
             while depth() < target and time.monotonic() < deadline:
                 time.sleep(0.0005)
