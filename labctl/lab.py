@@ -228,6 +228,28 @@ def trace_path(plan: LabPlan, start: str, dest: str, sport: int | None, dport: i
     raise LabError(f"no path from {start} to {dest} within 64 hops (a routing loop?)")
 
 
+def set_link_state(lab: state.LabDir, plan: LabPlan, node, iface: str, up: bool) -> int:
+    """Cut or restore a link (both ends) and reconverge every node's routes, as BGP would.
+
+    Routes are static in a lab, so without this the other switches would keep hashing flows
+    toward the dead link. Returns how many routes changed.
+    """
+    from labctl.backends import netns as backend
+    from labctl.plan.compile import routes_without
+    port = node.iface(iface)
+    peer = plan.node(port.peer_node)
+    st = lab.read_state()
+    down = set(st.get("links_down", []))
+    old = routes_without(plan, down)
+    down = down - {port.link} if up else down | {port.link}
+    for n, i in ((node, port), (peer, peer.iface(port.peer_iface))):
+        backend.set_link(n, i, up)
+    new = routes_without(plan, down)
+    changed = sum(backend.apply_routes(n, old[n.name], new[n.name]) for n in plan.nodes if old[n.name] != new[n.name])
+    lab.write_state(links_down=sorted(down))
+    return changed
+
+
 def plan_json(plan: LabPlan) -> str:
     return json.dumps(plan.to_dict(), indent=1)
 

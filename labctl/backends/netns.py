@@ -196,3 +196,45 @@ def _raise_fd_limit(need: int) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < need:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(max(need, soft), hard), hard))
+
+
+def set_link(node: Node, iface: Interface, up: bool) -> None:
+    """Administratively bring one port up or down (both ends make a link failure)."""
+    with nsutil.entered(node.namespace):
+        sock = rtnl.open_socket()
+    try:
+        batch = rtnl.Batch(sock)
+        kind, flags, _ = rtnl.link_up(iface.index)
+        batch.add((kind, flags, rtnl.ifinfo(iface.index, rtnl.IFF_UP if up else 0, rtnl.IFF_UP)),
+                  f"{node.name}: {'up' if up else 'down'} {iface.name}")
+        try:
+            batch.commit()
+        except rtnl.NetlinkError as exc:
+            raise LabError(f"{exc.what} failed: {exc}") from None
+    finally:
+        sock.close()
+
+
+def apply_routes(node: Node, old: list, new: list) -> int:
+    """Replace the routes that changed and delete the ones that vanished; returns how many changed."""
+    before = {r.dst: [(h.via, h.dev) for h in r.nexthops] for r in old}
+    after = {r.dst: [(h.via, h.dev) for h in r.nexthops] for r in new}
+    index = {i.name: i.index for i in node.interfaces}
+    with nsutil.entered(node.namespace):
+        sock = rtnl.open_socket()
+    try:
+        batch = rtnl.Batch(sock)
+        for dst, hops in after.items():
+            if before.get(dst) != hops:
+                batch.add(rtnl.route_replace(dst, [(via, index[dev]) for via, dev in hops]),
+                          f"{node.name}: route {dst}")
+        for dst in before.keys() - after.keys():
+            batch.add(rtnl.route_del(dst), f"{node.name}: delete route {dst}")
+        changed = len(batch.messages)
+        try:
+            batch.commit()
+        except rtnl.NetlinkError as exc:
+            raise LabError(f"{exc.what} failed: {exc}") from None
+        return changed
+    finally:
+        sock.close()

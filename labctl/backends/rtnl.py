@@ -106,6 +106,22 @@ def route_add(dst: str, nexthops: list[tuple[str, int]]) -> tuple[int, int, byte
     return RTM_NEWROUTE, CREATE, body
 
 
+NLM_F_REPLACE = 0x100
+RTM_DELROUTE = 25
+
+
+def route_replace(dst: str, nexthops: list[tuple[str, int]]) -> tuple[int, int, bytes]:
+    kind, _, body = route_add(dst, nexthops)
+    return kind, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE, body
+
+
+def route_del(dst: str) -> tuple[int, int, bytes]:
+    net, _, plen = dst.partition("/")
+    body = struct.pack("BBBBBBBBI", socket.AF_INET, int(plen), 0, 0, RT_TABLE_MAIN, RTPROT_STATIC,
+                       RT_SCOPE_UNIVERSE, RTN_UNICAST, 0) + attr(RTA_DST, ip4(net))
+    return RTM_DELROUTE, CHANGE, body
+
+
 def _tcmsg(index: int, handle: int, parent: int) -> bytes:
     return struct.pack("BxxxiIII", socket.AF_UNSPEC, index, handle, parent, 0)
 

@@ -54,6 +54,9 @@ def node_sysctls(topo: Topology, forwarding: bool) -> dict[str, str]:
         "net.ipv4.fib_multipath_hash_seed": str(topo.routing.hash_seed),
         "net.ipv4.conf.all.send_redirects": "0",
         "net.ipv4.conf.all.accept_redirects": "0",
+        # a port that is down takes its ECMP next-hops with it (as a switch's routing would)
+        "net.ipv4.conf.all.ignore_routes_with_linkdown": "1",
+        "net.ipv4.conf.default.ignore_routes_with_linkdown": "1",
         # traceroute and ping across many hops must not be rate limited
         "net.ipv4.icmp_ratelimit": "0",
     }
@@ -141,7 +144,18 @@ def _next(it, smap, fabric, key):
                          f"give it a larger {key}: (e.g. a /16)") from None
 
 
-def _add_routes(nodes: dict[str, model.Node], links: list[model.Link], fabrics) -> None:
+def routes_without(plan: model.LabPlan, down: set[int]) -> dict[str, list[model.Route]]:
+    """Every node's routes as if the links in `down` were cut (what a routing protocol converges to)."""
+    import copy
+    nodes = {n.name: copy.copy(n) for n in plan.nodes}
+    for n in nodes.values():
+        n.routes = []
+    _add_routes(nodes, plan.links, plan.fabrics, down)
+    return {name: n.routes for name, n in nodes.items()}
+
+
+def _add_routes(nodes: dict[str, model.Node], links: list[model.Link], fabrics, down: set[int] = frozenset()
+                ) -> None:
     for fabric, fplan in fabrics.items():
         adj: dict[str, list[routing.Adjacency]] = {}
         prefixes: dict[str, set[str]] = {}
@@ -153,7 +167,7 @@ def _add_routes(nodes: dict[str, model.Node], links: list[model.Link], fabrics) 
             prefixes[lk.subnet] = {e for e in ends if nodes[e].forwarding} or ends
         for n in nodes.values():
             for i in n.interfaces:
-                if i.fabric == fabric:
+                if i.fabric == fabric and i.link not in down:
                     adj.setdefault(n.name, []).append(routing.Adjacency(i.name, i.peer_node, i.peer_address))
             if n.loopback and n.fabric == fabric:
                 prefixes[n.loopback] = {n.name}
@@ -161,13 +175,15 @@ def _add_routes(nodes: dict[str, model.Node], links: list[model.Link], fabrics) 
         dist = {r: routing.shortest_hops(r, adj, routers) for r in routers}
         in_order = routing.ordered(prefixes)
         for name in sorted(adj, key=lambda x: nodes[x].index):
+            if name not in adj:
+                continue
             node = nodes[name]
             if node.forwarding:
                 for prefix, hops in routing.router_routes(name, in_order, adj, routers, dist):
                     node.routes.append(model.Route(prefix, [model.NextHop(h.peer_address, h.local_if)
                                                             for h in hops]))
             else:
-                gateways = [a for a in adj[name] if a.peer in routers]
+                gateways = [a for a in adj.get(name, []) if a.peer in routers]
                 if gateways:
                     for pool in (fplan.prefix, fplan.loopbacks):
                         node.routes.append(model.Route(pool, [model.NextHop(g.peer_address, g.local_if)

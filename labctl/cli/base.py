@@ -1,0 +1,44 @@
+"""The labctl command group, shared options and error handling."""
+from __future__ import annotations
+
+import sys
+
+import click
+from rich.console import Console
+
+from labctl import __version__
+from labctl.errors import LabError
+
+out = Console()
+err = Console(stderr=True)
+
+SET_HELP = "override a template variable (or a dotted key of a plain lab), e.g. --set spines=4; repeatable"
+TEMPLATES_HELP = "a directory of your own templates, searched before the bundled ones; repeatable"
+
+
+class LabctlGroup(click.Group):
+    """Prints LabError as a one-line message with its fix, and exits with its code (2 for bad input)."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except LabError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            ctx.exit(exc.exit_code)
+
+
+@click.group(cls=LabctlGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="labctl")
+def cli():
+    """Build a miniature AI-training network from Linux namespaces and watch traffic on it.
+
+    \b
+    Quick start (as root):
+      labctl up topologies/leaf-spine.yml      # 2 spines, 4 leaves, 8 GPU hosts
+      labctl status ls                         # nodes, ports, addresses, link state
+      labctl exec srv1-gpu0 -- ping -c1 10.1.0.29
+      labctl route srv1-gpu0 srv2-gpu1 --sport 49152   # which spine this flow takes
+      labctl down ls
+    """
+
+

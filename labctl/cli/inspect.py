@@ -1,0 +1,130 @@
+"""Looking into a running lab: status, exec, route, pingall."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+from rich.table import Table
+
+from labctl.cli.base import SET_HELP, TEMPLATES_HELP, cli, err, out
+from labctl.errors import LabError
+
+@cli.command()
+@click.argument("lab", required=False)
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def status(lab, as_json):
+    """Show running labs, or one lab's nodes, ports, addresses, link state and counters.
+
+    \b
+    Example:
+      labctl status            # every lab
+      labctl status ls --json  # one lab, with per-port counters
+    """
+    from labctl import lab as labmod
+    from labctl import state
+    if lab is None:
+        labs = [{"lab": d.name, **{k: d.read_state().get(k) for k in ("status", "topology_file", "pid")}}
+                for d in state.all_labs()]
+        if as_json:
+            click.echo(json.dumps(labs, indent=1))
+            return
+        if not labs:
+            out.print("no labs (labctl up FILE builds one)")
+            return
+        t = Table(title="labs")
+        for col in ("lab", "status", "topology file"):
+            t.add_column(col)
+        for d in labs:
+            t.add_row(d["lab"], str(d["status"]), str(d["topology_file"]))
+        out.print(t)
+        return
+    s = labmod.status(labmod.find_lab(lab))
+    if as_json:
+        click.echo(json.dumps(s, indent=1))
+        return
+    t = Table(title=f"lab {s['lab']} ({s['status']}), built from {s['topology_file']}")
+    for col in ("node", "kind", "port", "address", "peer", "state", "tx bytes", "rx bytes"):
+        t.add_column(col)
+    for n in s["nodes"]:
+        first = True
+        for p in n["interfaces"]:
+            t.add_row(n["name"] if first else "", n["kind"] if first else "", p["name"], p["address"], p["peer"],
+                      p["state"] if n["present"] else "[red]missing[/]", str(p.get("tx_bytes", "")),
+                      str(p.get("rx_bytes", "")))
+            first = False
+    out.print(t)
+
+
+@cli.command(name="exec", context_settings={"ignore_unknown_options": True})
+@click.argument("node")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.option("--lab", "lab_name", help="the lab (needed when several are up)")
+def exec_(node, command, lab_name):
+    """Run a command inside a node's namespace (like `ip netns exec <lab>-<node> ...`).
+
+    \b
+    Example:
+      sudo labctl exec srv1-gpu0 -- ping -c 3 10.1.0.29
+      sudo labctl exec leaf1 --lab ls -- ip -s link
+    """
+    from labctl import lab as labmod
+    labmod.require_root("labctl exec")
+    lab = labmod.default_lab(lab_name)
+    p = labmod.load_plan(lab)
+    try:
+        ns = p.node(node).namespace
+    except KeyError:
+        raise LabError(f"lab {p.lab!r} has no node {node!r}", "`labctl status " + p.lab + "` lists the nodes")
+    argv = ["ip", "netns", "exec", ns, *command]
+    os.execvp("ip", argv)  # an argv list: nothing the user typed goes through a shell
+
+
+@cli.command()
+@click.argument("node")
+@click.argument("dest")
+@click.option("--lab", "lab_name", help="the lab (needed when several are up)")
+@click.option("--sport", type=click.IntRange(0, 65535), default=49152, show_default=True,
+              help="UDP source port of the flow (RoCEv2 derives it from the QP pair)")
+@click.option("--dport", type=click.IntRange(0, 65535), default=4791, show_default=True,
+              help="UDP destination port (4791 = RoCEv2)")
+def route(node, dest, lab_name, sport, dport):
+    """Show the path a UDP flow takes, hop by hop, as the kernel's ECMP hash decides it.
+
+    DEST is a node name or an address. Try several --sport values to see flows spread over spines.
+
+    \b
+    Example:
+      sudo labctl route srv1-gpu0 srv2-gpu1 --sport 49152
+      sudo labctl route srv1-gpu0 srv2-gpu1 --sport 49153
+    """
+    from labctl import lab as labmod
+    p = labmod.load_plan(labmod.default_lab(lab_name))
+    hops = labmod.trace_path(p, node, dest, sport, dport)
+    path = " -> ".join(h["node"] + (f" ({h['out']})" if h["out"] else "") for h in hops)
+    click.echo(f"udp sport {sport} dport {dport}: {path}")
+
+
+@cli.command()
+@click.argument("lab", required=False)
+@click.option("--fabric", help="only this fabric (default: every fabric)")
+def pingall(lab, fabric):
+    """Ping every host from every other host, over each fabric they share (like Mininet's pingall).
+
+    Exits non-zero if any pair cannot reach the other.
+
+    \b
+    Example:
+      sudo labctl pingall ls
+      sudo labctl pingall ls --fabric backend
+    """
+    from labctl import lab as labmod
+    p = labmod.load_plan(labmod.default_lab(lab))
+    tried, failed = labmod.pingall(p, fabric)
+    for a, b in failed:
+        click.echo(f"  {a} -> {b}: no reply")
+    click.echo(f"pingall {p.lab}: {tried - len(failed)}/{tried} pairs reachable")
+    if failed or not tried:
+        raise SystemExit(1)
+

@@ -1,0 +1,129 @@
+"""Building and removing labs: up, down, clean, doctor."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+from rich.table import Table
+
+from labctl.cli.base import SET_HELP, TEMPLATES_HELP, cli, err, out
+from labctl.errors import LabError
+
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help=SET_HELP)
+@click.option("--name", help="the lab name (default: the file's name:); two names make two independent labs")
+@click.option("--templates", "template_dirs", multiple=True, type=click.Path(file_okay=False), help=TEMPLATES_HELP)
+def up(file, sets, name, template_dirs):
+    """Build a lab: namespaces, veth links, addresses, ECMP routes and shaping.
+
+    Every node becomes a namespace <lab>-<node>, so plain `ip netns exec <lab>-<node> ...` works
+    too. If anything fails half-way, what was made is removed again.
+
+    \b
+    Example:
+      sudo labctl up topologies/leaf-spine.yml
+      sudo labctl up topologies/leaf-spine.yml --name ls2 --set spines=4
+    """
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from labctl import lab as labmod
+    from labctl.units import format_rate
+
+    with Progress(TextColumn("{task.description:<12}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=err, transient=True, disable=not sys.stderr.isatty()) as bar:
+        tasks = {}
+
+        def progress(stage, done, total):
+            if stage not in tasks:
+                tasks[stage] = bar.add_task(stage, total=total)
+            bar.update(tasks[stage], completed=done)
+
+        p, lab, elapsed = labmod.up(file, sets, name, template_dirs, progress=progress)
+    kinds: dict[str, int] = {}
+    for n in p.nodes:
+        kinds[n.kind] = kinds.get(n.kind, 0) + 1
+    t = Table(title=f"lab {p.lab} is up ({elapsed * 1000:.0f} ms)", show_header=True)
+    t.add_column("what")
+    t.add_column("count / value")
+    for k, v in kinds.items():
+        t.add_row(f"{k} nodes", str(v))
+    t.add_row("links", str(len(p.links)))
+    t.add_row("routes", str(sum(len(n.routes) for n in p.nodes)))
+    t.add_row("fabrics", ", ".join(f"{f} ({fp.kind})" for f, fp in p.fabrics.items()))
+    rates = sorted({lk.lab_rate_bps for lk in p.links})
+    t.add_row("link rates in the lab", ", ".join(format_rate(r) for r in rates) + f"  (dilation {p.dilation:g})")
+    t.add_row("lab record", str(lab.path))
+    out.print(t)
+    first = next((n for n in p.nodes if n.kind == "gpu"), p.nodes[0])
+    out.print(f"next: labctl status {p.lab} | labctl exec {first.name} -- ip route | labctl down {p.lab}",
+              highlight=False)
+
+
+@cli.command()
+@click.argument("lab")
+def down(lab):
+    """Tear a lab down: stop its processes, delete its namespaces (and with them every link).
+
+    Works from the lab's record alone, so the topology file may be gone. LAB is a lab name or the
+    file it was built from.
+
+    \b
+    Example:
+      sudo labctl down ls
+    """
+    from labctl import lab as labmod
+    removed = labmod.down(lab)
+    out.print(f"lab {lab}: removed {len(removed)} namespaces", highlight=False)
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True)
+def doctor(as_json):
+    """Check this machine: root, kernel features, tools, and which mechanism each feature uses here.
+
+    \b
+    Example:
+      sudo labctl doctor
+    """
+    from labctl import doctor as doc
+    report = doc.run()
+    if as_json:
+        click.echo(json.dumps(report, indent=1))
+        return
+    for section in ("kernel", "tools"):
+        t = Table(title=section)
+        t.add_column("item")
+        t.add_column("present")
+        t.add_column("note")
+        for item in report[section]:
+            t.add_row(item["name"], "yes" if item["present"] else "[red]no[/]", item.get("note", ""))
+        out.print(t)
+    t = Table(title="mechanism per feature on this machine")
+    for col in ("feature", "mechanism", "status"):
+        t.add_column(col)
+    for f in report["features"]:
+        t.add_row(f["feature"], f["mechanism"], f["status"])
+    out.print(t)
+    if not report["root"]:
+        out.print("[yellow]not root:[/] kernel probes were skipped; run `sudo labctl doctor`")
+
+
+@cli.command()
+@click.option("--all", "everything", is_flag=True, help="also tear down labs that are up and healthy")
+def clean(everything):
+    """Remove the remains of labs whose `up` died half-way (from their records, nothing else).
+
+    \b
+    Example:
+      sudo labctl clean
+      sudo labctl clean --all   # every lab labctl knows about
+    """
+    from labctl import lab as labmod
+    results = labmod.clean(everything)
+    if not results:
+        out.print("nothing to clean")
+    for r in results:
+        out.print(f"{r.lab}: {r.reason}; removed {len(r.removed)} namespaces", highlight=False)
+

@@ -1,0 +1,118 @@
+"""Commands that need no root: render, plan, graph, templates."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+from rich.table import Table
+
+from labctl.cli.base import SET_HELP, TEMPLATES_HELP, cli, err, out
+from labctl.errors import LabError
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help=SET_HELP)
+@click.option("--templates", "template_dirs", multiple=True, type=click.Path(file_okay=False), help=TEMPLATES_HELP)
+def render(file, sets, template_dirs):
+    """Print the full lab YAML a file expands to (its template rendered with its vars).
+
+    \b
+    Example:
+      labctl render topologies/leaf-spine.yml --set spines=4 --set rail_optimised=false
+    """
+    from labctl.topology.load import render_topology
+    text, _, _ = render_topology(file, sets, template_dirs)
+    click.echo(text, nl=False)
+
+
+@cli.command()
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help=SET_HELP)
+@click.option("--name", help="the lab name (default: the file's name:)")
+@click.option("--templates", "template_dirs", multiple=True, type=click.Path(file_okay=False), help=TEMPLATES_HELP)
+@click.option("--json", "as_json", is_flag=True, help="print the whole plan as JSON (what `up` would build)")
+def plan(file, sets, name, template_dirs, as_json):
+    """Compile a lab into its concrete plan without building it (no root needed).
+
+    Shows every namespace, port, address and route; --json prints everything, including MACs,
+    ifindexes, sysctls and per-port shaping.
+
+    \b
+    Example:
+      labctl plan topologies/leaf-spine.yml
+      labctl plan topologies/leaf-spine.yml --json | jq '.nodes[] | select(.name=="leaf1").routes'
+    """
+    from labctl.plan.compile import compile_plan
+    from labctl.topology.load import load_topology
+    from labctl.units import format_rate
+    p = compile_plan(load_topology(file, sets, template_dirs, name))
+    if as_json:
+        click.echo(json.dumps(p.to_dict(), indent=1))
+        return
+    t = Table(title=f"lab {p.lab}: {len(p.nodes)} nodes, {len(p.links)} links, dilation {p.dilation:g}")
+    for col in ("node", "kind", "namespace", "ports", "addresses", "routes"):
+        t.add_column(col)
+    for n in p.nodes:
+        t.add_row(n.name, n.kind, n.namespace, ", ".join(i.name for i in n.interfaces),
+                  ", ".join([i.address for i in n.interfaces] + ([n.loopback] if n.loopback else [])),
+                  str(len(n.routes)))
+    out.print(t)
+    lt = Table(title="links")
+    for col in ("a", "b", "fabric", "subnet", "rate (real)", "rate (lab)"):
+        lt.add_column(col)
+    for lk in p.links:
+        lt.add_row(lk.a, lk.b, lk.fabric, lk.subnet, format_rate(lk.rate_bps), format_rate(lk.lab_rate_bps))
+    out.print(lt)
+
+
+@cli.command()
+@click.argument("source", metavar="FILE|LAB")
+@click.option("--format", "fmt", type=click.Choice(["dot", "mermaid"]), default="dot", show_default=True)
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help=SET_HELP)
+def graph(source, fmt, sets):
+    """Draw a lab as Graphviz dot or Mermaid (from a topology file, or a running lab's record).
+
+    \b
+    Example:
+      labctl graph topologies/leaf-spine.yml | dot -Tpng > fabric.png
+      labctl graph ls --format mermaid
+    """
+    from labctl import graph as graphmod
+    click.echo(graphmod.render_graph(graphmod.plan_from(source, sets), fmt), nl=False)
+
+
+@cli.command()
+@click.argument("name", required=False)
+def templates(name):
+    """List the topology templates on the search path, or one template's variables.
+
+    \b
+    Example:
+      labctl templates
+      labctl templates leaf-spine
+    """
+    from labctl.topology import templates as tpl
+    found = tpl.list_templates(tpl.search_path(None))
+    if name is None:
+        t = Table(title="templates")
+        t.add_column("name")
+        t.add_column("from")
+        t.add_column("description")
+        for x in found:
+            t.add_row(x.name, str(x.directory), x.description)
+        out.print(t)
+        return
+    match = [x for x in found if x.name == name]
+    if not match:
+        raise LabError(f"no template {name!r}", "`labctl templates` lists them")
+    x = match[0]
+    out.print(x.description)
+    t = Table(title=f"variables of {name}")
+    for col in ("var", "type", "default", "help"):
+        t.add_column(col)
+    for v in x.vars.values():
+        t.add_row(v.name, v.type, str(v.default), v.help)
+    out.print(t)
+
+

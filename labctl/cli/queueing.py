@@ -1,0 +1,150 @@
+"""Queueing at runtime: tc show / tc set, link down / up, counters."""
+from __future__ import annotations
+
+import json
+import time
+
+import click
+from rich.live import Live
+from rich.table import Table
+
+from labctl.cli.base import cli, out
+from labctl.errors import LabError
+from labctl.units import format_rate, parse_rate
+
+
+def _target(spec: str, lab_name: str | None, need_iface: bool):
+    from labctl import lab as labmod
+    labmod.require_root("labctl tc/link/counters")
+    plan = labmod.load_plan(labmod.default_lab(lab_name))
+    node_name, _, iface = spec.partition(":")
+    try:
+        node = plan.node(node_name)
+    except KeyError:
+        raise LabError(f"lab {plan.lab!r} has no node {node_name!r}", f"`labctl status {plan.lab}` lists them")
+    if need_iface and not iface:
+        raise LabError(f"{spec!r} names no port", f"write NODE:PORT, e.g. {node_name}:{node.interfaces[0].name}")
+    if iface and iface not in {i.name for i in node.interfaces}:
+        raise LabError(f"{node_name} has no port {iface!r}",
+                       f"its ports: {', '.join(i.name for i in node.interfaces)}")
+    return plan, node, iface or None
+
+
+def _queue_table(rows: list[dict], title: str) -> Table:
+    t = Table(title=title)
+    for col in ("node", "port", "class", "dscp", "rate / ceil", "buffer", "depth", "sent", "drops", "ECN p"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["node"], r["port"], f"{r['class']} (tc {r['tc']}{', lossless' if r['lossless'] else ''})",
+                  ",".join(map(str, r["dscp"])) or "other", f"{format_rate(r['rate_bps'])} / "
+                  f"{format_rate(r['ceil_bps'])}", f"{r['buffer_bytes'] // 1024} KiB", f"{r['depth_bytes']} B",
+                  f"{r['sent_packets']} pkt", str(r["drops"]),
+                  "-" if r["mark_probability"] is None else f"{r['mark_probability']:.3f}")
+    return t
+
+
+@cli.group()
+def tc():
+    """Show or change a port's traffic classes, rates and queues while the lab runs."""
+
+
+@tc.command("show")
+@click.argument("target", metavar="NODE[:PORT]")
+@click.option("--lab", "lab_name", help="the lab (needed when several are up)")
+@click.option("--json", "as_json", is_flag=True)
+def tc_show(target, lab_name, as_json):
+    """Classes (DSCP, rate, ceil, buffer, lossless, ECN) with live depth, counters and marking.
+
+    \b
+    Example:
+      sudo labctl tc show leaf1
+      sudo labctl tc show leaf1:spine1 --json
+    """
+    from labctl.dataplane.inspect import node_queues
+    plan, node, iface = _target(target, lab_name, need_iface=False)
+    rows = node_queues(plan, node, iface)
+    if as_json:
+        click.echo(json.dumps({"ecn": vars(plan.ecn), "queues": rows}, indent=1))
+        return
+    out.print(_queue_table(rows, f"{node.name} in lab {plan.lab}: ECN Kmin {plan.ecn.kmin} B, "
+                                 f"Kmax {plan.ecn.kmax} B, Pmax {plan.ecn.pmax}"))
+
+
+@tc.command("set")
+@click.argument("target", metavar="NODE:PORT")
+@click.option("--rate", required=True, help="the port's new rate in the lab, e.g. 50M (real rate = this x dilation)")
+@click.option("--lab", "lab_name", help="the lab (needed when several are up)")
+def tc_set(target, rate, lab_name):
+    """Change a port's rate at runtime (its classes keep their shares).
+
+    \b
+    Example:
+      sudo labctl tc set leaf1:spine1 --rate 50M    # halve an uplink: watch ECMP and ECN react
+    """
+    from labctl.dataplane.tcset import set_port_rate
+    plan, node, iface = _target(target, lab_name, need_iface=True)
+    try:
+        bps = parse_rate(rate)
+    except ValueError as exc:
+        raise LabError(f"--rate: {exc}") from None
+    set_port_rate(node, node.iface(iface), bps)
+    out.print(f"{node.name}:{iface} now shaped to {format_rate(bps)} "
+              f"({format_rate(bps * plan.dilation)} on the real fabric)", highlight=False)
+
+
+@cli.command()
+@click.argument("state", type=click.Choice(["down", "up"]))
+@click.argument("target", metavar="NODE:PORT")
+@click.option("--lab", "lab_name", help="the lab (needed when several are up)")
+def link(state, target, lab_name):
+    """Take a link down or bring it back (both ends), e.g. to watch ECMP route around a failure.
+
+    \b
+    Example:
+      sudo labctl link down leaf1:spine1
+      sudo labctl route srv1-gpu0 srv2-gpu1 --sport 49152   # now only via spine2
+      sudo labctl link up leaf1:spine1
+    """
+    from labctl import lab as labmod
+    plan, node, iface = _target(target, lab_name, need_iface=True)
+    changed = labmod.set_link_state(labmod.default_lab(lab_name or plan.lab), plan, node, iface, state == "up")
+    port = node.iface(iface)
+    out.print(f"link {node.name}:{iface} -- {port.peer_node}:{port.peer_iface} is {state}; "
+              f"{changed} routes changed as the fabric reconverged", highlight=False)
+
+
+@cli.command()
+@click.argument("lab", required=False)
+@click.option("--json", "as_json", is_flag=True, help="one JSON document with every port and class")
+@click.option("--watch", is_flag=True, help="refresh every second until Ctrl-C")
+@click.option("--busy", is_flag=True, help="only queues that sent or dropped something")
+def counters(lab, as_json, watch, busy):
+    """Per port and class: queue depth, packets and bytes sent, drops, ECN marking probability.
+
+    \b
+    Example:
+      sudo labctl counters ls --busy
+      sudo labctl counters ls --watch
+    """
+    from labctl import lab as labmod
+    from labctl.dataplane.inspect import lab_queues
+    labmod.require_root("labctl counters")
+    plan = labmod.load_plan(labmod.default_lab(lab))
+
+    def rows():
+        got = lab_queues(plan)
+        return [r for r in got if r["sent_packets"] or r["drops"]] if busy else got
+
+    if as_json:
+        click.echo(json.dumps(rows(), indent=1))
+        return
+    if not watch:
+        out.print(_queue_table(rows(), f"lab {plan.lab}"))
+        return
+    with Live(_queue_table(rows(), f"lab {plan.lab}"), console=out, refresh_per_second=2) as live:
+        try:
+            while True:
+                time.sleep(1)
+                live.update(_queue_table(rows(), f"lab {plan.lab} (Ctrl-C to stop)"))
+        except KeyboardInterrupt:
+            pass

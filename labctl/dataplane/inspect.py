@@ -1,0 +1,40 @@
+"""What a lab's queues look like right now: per port and class, from qdisc dumps and the plan."""
+from __future__ import annotations
+
+from labctl.backends import nsutil, rtnl
+from labctl.dataplane import ecn, qdepth, qos
+from labctl.plan.model import LabPlan, Node
+
+
+def node_queues(plan: LabPlan, node: Node, iface: str | None = None) -> list[dict]:
+    with nsutil.entered(node.namespace):
+        sock = rtnl.open_socket()
+    try:
+        stats = {(q.ifindex, q.handle >> 16): q for q in qdepth.dump(sock)}
+    finally:
+        sock.close()
+    rows = []
+    e = plan.ecn
+    for i in node.interfaces:
+        if iface and i.name != iface:
+            continue
+        for c in i.shaping.classes:
+            q = stats.get((i.index, qos.leaf_handle(c.tc) >> 16))
+            depth = q.backlog if q else 0
+            rows.append({"node": node.name, "port": i.name, "class": c.name, "tc": c.tc, "dscp": c.dscp,
+                         "rate_bps": c.rate_bps, "ceil_bps": i.shaping.rate_bps, "prio": c.prio,
+                         "buffer_bytes": c.buffer_bytes, "lossless": c.lossless, "ecn": c.ecn,
+                         "depth_bytes": depth, "packets_queued": q.qlen if q else 0,
+                         "sent_bytes": q.bytes if q else 0, "sent_packets": q.packets if q else 0,
+                         "drops": q.drops if q else 0,
+                         "mark_probability": ecn.probability(depth, e.kmin, e.kmax, e.pmax)
+                         if c.ecn and node.forwarding else None})
+    return rows
+
+
+def lab_queues(plan: LabPlan) -> list[dict]:
+    rows = []
+    for node in plan.nodes:
+        if nsutil.exists(node.namespace):
+            rows += node_queues(plan, node)
+    return rows

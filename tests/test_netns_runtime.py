@@ -1,0 +1,77 @@
+"""Runtime control on a real lab: link failure and repair, rate changes, per-class counters."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import require_root
+from labctl import lab as labmod
+from labctl import state
+from labctl.dataplane.tcset import set_port_rate
+from netutil import send_udp, wait_for
+from test_netns_shaping import measure_rate
+
+ROOT = Path(__file__).resolve().parents[1]
+LEAF_SPINE = ROOT / "topologies" / "leaf-spine.yml"
+pytestmark = pytest.mark.netns
+
+
+def spines_used(plan, src: str, dst: str) -> set[str]:
+    return {labmod.trace_path(plan, src, dst, sport, 4791)[2]["node"] for sport in range(49152, 49152 + 16)}
+
+
+def test_link_down_reconverges_and_link_up_restores(built_lab, lab_name):
+    require_root()
+    plan = built_lab(LEAF_SPINE)
+    lab = state.lab_dir(lab_name)
+    assert spines_used(plan, "srv2-gpu1", "srv1-gpu0") == {"spine1", "spine2"}
+    changed = labmod.set_link_state(lab, plan, plan.node("leaf1"), "spine1", up=False)
+    assert changed > 0 and lab.read_state()["links_down"] == [plan.node("leaf1").iface("spine1").link]
+    assert spines_used(plan, "srv2-gpu1", "srv1-gpu0") == {"spine2"}   # remote leaves route around it
+    tried, failed = labmod.pingall(plan, "backend")
+    assert (tried, failed) == (56, [])
+    labmod.set_link_state(lab, plan, plan.node("leaf1"), "spine1", up=True)
+    assert spines_used(plan, "srv2-gpu1", "srv1-gpu0") == {"spine1", "spine2"}
+    assert labmod.pingall(plan) == (80, [])
+
+
+def test_tc_set_rate_changes_the_measured_throughput(built_lab):
+    require_root()
+    plan = built_lab(ROOT / "tests" / "topologies" / "chain.yml", sets=["defaults.rate=100M", "dilation=1"])
+    h1 = plan.node("h1")
+    set_port_rate(h1, h1.iface("r1"), 50_000_000)
+    assert measure_rate(plan) == pytest.approx(50e6, rel=0.05)
+    set_port_rate(h1, h1.iface("r1"), 100_000_000)
+    assert measure_rate(plan) == pytest.approx(100e6, rel=0.05)
+
+
+def test_counters_show_each_class_traffic(built_lab, lab_name, state_dir):
+    require_root()
+    plan = built_lab(LEAF_SPINE)
+    src, dst = plan.node("srv1-gpu1"), plan.node("srv1-gpu0")   # leaf2 -> spine -> leaf1 -> gpu0
+    addr = dst.iface("leaf1").address.split("/")[0]
+
+    def leaf1_class(cls: str) -> int:
+        r = subprocess.run([sys.executable, "-m", "labctl", "counters", lab_name, "--json"], capture_output=True,
+                           text=True, env={**os.environ, "LABCTL_STATE_DIR": str(state_dir)}, check=True)
+        return sum(x["sent_packets"] for x in json.loads(r.stdout)
+                   if x["node"] == "leaf1" and x["port"] == "srv1-gpu0" and x["class"] == cls)
+
+    before = {c: leaf1_class(c) for c in ("roce", "cnp", "default")}
+    from netutil import udp_socket_in
+    for tos, count in ((26 << 2, 300), (48 << 2, 40), (0, 120)):
+        s = udp_socket_in(src.namespace)
+        s.setsockopt(0, 1, tos)  # IP_TOS
+        for _ in range(count):
+            s.sendto(b"x" * 500, (addr, 9))
+        s.close()
+    want = {"roce": 300, "cnp": 40, "default": 120}
+    assert wait_for(lambda: all(leaf1_class(c) - before[c] >= n for c, n in want.items()), timeout=5)
+    got = {c: leaf1_class(c) - before[c] for c in want}
+    for c, n in want.items():
+        assert n <= got[c] <= n + 3, got  # + a few ARP replies in the default class
