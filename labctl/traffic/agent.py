@@ -18,6 +18,7 @@ import time
 
 from labctl.traffic import mmsg, roce
 from labctl.traffic.receiver import Receiver
+from labctl.traffic.dcqcn import Params
 from labctl.traffic.sender import Sender
 
 IP_RECVTOS = 13
@@ -28,10 +29,11 @@ RCVBUF = 32 << 20
 class Agent:
     def __init__(self, rank: int, mtu: int, peers: dict, cnp_interval: float | None = None,
                  sport_policy: str = "per-qp", seed: int = 1, reliable: bool = False, gso: bool = True,
-                 priorities: dict[int, int] | None = None):
+                 priorities: dict[int, int] | None = None, dcqcn: dict | None = None):
         self.rank = rank
+        params = Params(**dcqcn) if dcqcn is not None else None
         self.sender = Sender(rank, mtu, sport_policy, random.Random(seed * 7919 + rank), reliable, gso,
-                             priorities)
+                             priorities, params)
         self.receiver = Receiver(rank, peers, self.sender, cnp_interval, reliable)
         self.stop = False
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -115,7 +117,7 @@ def main() -> None:
             agent = Agent(msg["rank"], msg["mtu"], {ip: tuple(v) for ip, v in msg["peers"].items()},
                           msg.get("cnp_interval"), msg.get("sport_policy", "per-qp"), msg.get("seed", 1),
                           msg.get("reliable", False), msg.get("gso", True),
-                          {int(k): v for k, v in msg.get("priorities", {}).items()})
+                          {int(k): v for k, v in msg.get("priorities", {}).items()}, msg.get("dcqcn"))
             say({"event": "ready", "rank": agent.rank, "pid": os.getpid()})
         elif cmd == "run":
             say(agent.run(msg))

@@ -60,7 +60,7 @@ class Receiver:
             return
         opcode, pad, dqpn, psn, _becn = roce.parse_bth(data)
         if opcode == roce.CNP:
-            self.sender.qp(dqpn).cnp_received += 1
+            self.sender.on_cnp(dqpn)
             return
         if opcode == roce.ACK:
             self.sender.on_ack(dqpn, psn, data[roce.BTH_LEN])

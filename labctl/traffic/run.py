@@ -11,6 +11,7 @@ from labctl.errors import InputError, LabError, Where
 from labctl.plan.model import LabPlan
 from labctl.state import LabDir
 from labctl.traffic import fsdp, schedule as sch
+from labctl.traffic.dcqcn import Params
 from labctl.traffic.runner import AgentPool, RunOptions, gpu_ranks, ideal_seconds, local_index
 from labctl.traffic.workload import LoadedWorkload
 
@@ -100,7 +101,8 @@ def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Pa
     nodes = gpu_ranks(plan)
     options = RunOptions(qps=w.options.qps, sport_policy=w.options.sport,
                          cnp_interval_us=w.options.cnp_interval / 1000 if w.options.cnp else None,
-                         reliable=w.options.reliable)
+                         reliable=w.options.reliable, dcqcn=w.options.dcqcn,
+                         dcqcn_params=Params(rate_ai=w.options.dcqcn_rate_ai, rate_hai=w.options.dcqcn_rate_hai))
     alpha = w.options.alpha * 1e-9 * plan.dilation
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "workload.yml").write_text(loaded.text)

@@ -5,6 +5,7 @@ each agent reports times relative to it; an operation's time is the last rank's 
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import queue
@@ -19,6 +20,7 @@ from labctl.plan.model import Interface, LabPlan, Node
 from labctl.state import LabDir
 from labctl.dataplane import qos
 from labctl.traffic import roce
+from labctl.traffic.dcqcn import Params
 from labctl.traffic.schedule import Schedule
 
 
@@ -60,6 +62,8 @@ class RunOptions:
     timeout_s: float | None = None
     seed: int = 1
     reliable: bool = False
+    dcqcn: bool = False
+    dcqcn_params: Params = dataclasses.field(default_factory=Params)
 
 
 class AgentPool:
@@ -101,7 +105,9 @@ class AgentPool:
                 self._send(r, {"cmd": "init", "rank": r, "mtu": roce.roce_mtu(mtu), "peers": peers,
                                "cnp_interval": interval, "sport_policy": options.sport_policy,
                                "seed": options.seed, "cpu": cpus[len(self.procs) % len(cpus)],
-                               "reliable": options.reliable, "priorities": _priorities(node)})
+                               "reliable": options.reliable, "priorities": _priorities(node),
+                               "dcqcn": dataclasses.asdict(options.dcqcn_params.scaled(plan.dilation)) if options.dcqcn
+                               else None})
             self._collect("ready", len(ranks), timeout=60)
         except BaseException:
             self.close(kill=True)
@@ -145,7 +151,8 @@ class AgentPool:
             k = conn_count.get((t.src, t.dst), 0)
             conn_count[(t.src, t.dst)] = k + 1
             per_rank[t.src]["sends"].append({"id": t.id, "dst": t.dst, "nbytes": t.nbytes, "after": list(t.after),
-                                             "qp": k % self.options.qps, "src_addr": ia.address.split("/")[0],
+                                             "qp": k % self.options.qps, "line_rate": ia.shaping.rate_bps,
+                                             "src_addr": ia.address.split("/")[0],
                                              "dst_addr": ib.address.split("/")[0]})
             per_rank[t.dst]["recvs"].append(t.id)
         start = time.monotonic() + 0.05 + 0.002 * len(schedule.ranks)

@@ -57,19 +57,26 @@ class QpTx:
     timeouts: int = 0
     unacked: deque = field(default_factory=deque)
     resend_from: int | None = None
+    rp: object = None               # DCQCN reaction point when rate control is on
+    next_send: float = 0.0
     sent_upto: int = 0          # the first PSN not sent yet (go-back-N never runs ahead of it)
     last_progress: float = 0.0
 
     def public(self) -> dict:
-        return {k: getattr(self, k) for k in ("psn", "packets", "bytes", "acks", "naks", "cnp_received",
-                                              "retransmitted", "timeouts")}
+        out = {k: getattr(self, k) for k in ("psn", "packets", "bytes", "acks", "naks", "cnp_received",
+                                             "retransmitted", "timeouts")}
+        if self.rp is not None:
+            out["dcqcn_cuts"] = self.rp.cuts
+            out["dcqcn_rate_bps"] = self.rp.rc
+        return out
 
 
 class Sender:
     def __init__(self, rank: int, mtu: int, sport_policy: str, rng, reliable: bool, gso: bool = True,
-                 priorities: dict[int, int] | None = None):
+                 priorities: dict[int, int] | None = None, dcqcn=None):
         self.rank, self.mtu, self.sport_policy, self.rng = rank, mtu, sport_policy, rng
         self.priorities = priorities or {}  # DSCP → skb->priority: the HTB class of the host's own port
+        self.dcqcn = dcqcn                  # dcqcn.Params (lab-scaled) or None
         self.reliable, self.gso = reliable, gso
         self.qps: dict[int, QpTx] = {}
         self.sockets: dict = {}
@@ -120,6 +127,9 @@ class Sender:
         builder = self._builder(t["src_addr"], t["dst_addr"], sport, rq)
         dest = (t["dst_addr"], roce.ROCE_PORT)
         npkts = len(roce.message_opcodes(t["nbytes"], self.mtu))
+        if self.dcqcn is not None and q.rp is None:
+            from labctl.traffic.dcqcn import ReactionPoint
+            q.rp = ReactionPoint(t["line_rate"], self.dcqcn, time.monotonic())
         if self.reliable:
             with self.lock:
                 q.unacked.append(Message(q.psn, (q.psn + npkts - 1) & roce.PSN_MASK, t["nbytes"], t["id"],
@@ -130,6 +140,8 @@ class Sender:
             # runs of Middle packets leave in one UDP_SEGMENT send; the host's veth (no checksum
             # offload, so no UDP GSO feature) cuts them into real frames before they enter the fabric
             for psn, buf, seg, count in builder.gso_batches(q.psn, t["nbytes"], t["id"]):
+                if q.rp is not None:
+                    self._pace(q, len(buf) + count * (roce.FRAME_OVERHEAD - roce.BTH_LEN - roce.ICRC_LEN))
                 send(sock, buf, [(socket.SOL_UDP, UDP_SEGMENT, struct.pack("H", seg))] if count > 1 else [], dest)
                 q.packets += count
                 q.bytes += len(buf)
@@ -145,6 +157,24 @@ class Sender:
                 if self.reliable and q.resend_from is not None:
                     self.go_back(q)
         q.psn = (q.psn + npkts) & roce.PSN_MASK
+
+    def _pace(self, q: QpTx, wire_bytes: int) -> None:
+        """Hold a QP to its DCQCN rate: each batch leaves no earlier than its predecessor's end."""
+        now = time.monotonic()
+        with self.lock:
+            rate = q.rp.rate(now)
+            q.rp.on_sent(wire_bytes, now)
+        if q.next_send > now:
+            time.sleep(q.next_send - now)
+            now = q.next_send
+        q.next_send = now + wire_bytes * 8 / rate
+
+    def on_cnp(self, lq: int) -> None:
+        q = self.qp(lq)
+        q.cnp_received += 1
+        if q.rp is not None:
+            with self.lock:
+                q.rp.on_cnp(time.monotonic())
 
     # -- reliability -----------------------------------------------------------------------------
     def on_ack(self, lq: int, psn: int, syndrome: int) -> None:

@@ -27,7 +27,7 @@ from labctl.topology.load import _input_error
 from labctl.topology.yamlpos import load_yaml
 from labctl.traffic import fsdp
 from labctl.traffic.schedule import COLLECTIVES
-from labctl.units import parse_duration_ns, parse_size
+from labctl.units import parse_duration_ns, parse_rate, parse_size
 
 Size = Annotated[int, BeforeValidator(parse_size), Field(gt=0, description="a size such as 16MB or 512KiB")]
 
@@ -49,6 +49,11 @@ class Options(Strict):
     slice: Size = Field(512 * 1024, description="pipeline slice (NCCL step) size, default 512KiB")
     channels: int = Field(1, ge=1, le=16, description="parallel rings, 1..16")
     cnp: bool = Field(False, description="receivers act as DCQCN notification points (send CNPs on CE)")
+    dcqcn: bool = Field(False, description="senders run DCQCN rate control on CNPs (pair it with cnp: true)")
+    dcqcn_rate_ai: Annotated[int, BeforeValidator(parse_rate)] = Field(
+        40_000_000, description="DCQCN additive increase step, real-fabric rate (default 40Mbit, DESIGN §6)")
+    dcqcn_rate_hai: Annotated[int, BeforeValidator(parse_rate)] = Field(
+        400_000_000, description="DCQCN hyper increase step, real-fabric rate (default 400Mbit)")
     reliable: bool = Field(False, description="go-back-N: NAK (syndrome 0x60) and resend, so loss shows as "
                                               "retransmissions instead of missing bytes")
     cnp_interval: Annotated[int, BeforeValidator(parse_duration_ns)] = Field(

@@ -1,0 +1,72 @@
+"""DCQCN reaction point on a simulated clock (no root)."""
+import pytest
+
+from labctl.traffic.dcqcn import Params, ReactionPoint
+
+LINE = 100e9
+
+
+def test_first_cnp_halves_the_rate_and_raises_alpha():
+    rp = ReactionPoint(LINE, Params(), now=0.0)
+    rp.on_cnp(1e-6)
+    assert rp.rc == pytest.approx(LINE / 2) and rp.rt == LINE
+    assert rp.alpha == pytest.approx(1.0)  # (1 - g) * 1 + g
+
+
+def test_alpha_decays_without_cnps_so_later_cuts_are_gentler():
+    p = Params()
+    rp = ReactionPoint(LINE, p, now=0.0)
+    rp.on_cnp(0.0)
+    t = 100 * p.alpha_period + 1e-9  # just past the 100th period boundary
+    rp.advance(t)
+    assert rp.alpha == pytest.approx((1 - p.g) ** 99, rel=1e-3)  # the first period saw the CNP
+    before = rp.rc
+    rp.on_cnp(t)
+    assert rp.rc == pytest.approx(before * (1 - rp_alpha_before(p) / 2), rel=1e-2)
+
+
+def rp_alpha_before(p):
+    return (1 - p.g) ** 99
+
+
+def test_fast_recovery_halves_the_gap_each_timer_period():
+    p = Params()
+    rp = ReactionPoint(LINE, p, now=0.0)
+    rp.on_cnp(0.0)
+    gaps = []
+    for k in range(1, 5):
+        rp.advance(k * p.increase_period + 1e-9)
+        gaps.append(rp.rt - rp.rc)
+    for a, b in zip(gaps, gaps[1:]):
+        assert b == pytest.approx(a / 2)
+
+
+def test_additive_then_hyper_increase_recover_to_line_rate():
+    p = Params()
+    rp = ReactionPoint(LINE, p, now=0.0)
+    for k in range(5):
+        rp.on_cnp(k * 2 * p.min_cut_interval)
+    low = rp.rc
+    t = 5 * 2 * p.min_cut_interval
+    rp.advance(t + 7 * p.increase_period)  # past fast recovery: additive increase raises the target
+    assert rp.rt > low and rp.rc > low
+    for k in range(2000):
+        rp.on_sent(p.byte_counter, t + (8 + k) * p.increase_period)
+    assert rp.rate(t + 3000 * p.increase_period) == pytest.approx(LINE)
+
+
+def test_cuts_are_rate_limited_and_floored():
+    p = Params()
+    rp = ReactionPoint(LINE, p, now=0.0)
+    rp.on_cnp(0.0)
+    rp.on_cnp(p.min_cut_interval / 2)
+    assert rp.cuts == 1
+    for k in range(1, 200):
+        rp.on_cnp(k * p.min_cut_interval)
+    assert rp.rc >= p.min_rate
+
+
+def test_dilation_scales_times_up_and_rates_down():
+    p = Params().scaled(4000)
+    assert p.alpha_period == pytest.approx(55e-6 * 4000) and p.rate_ai == pytest.approx(40e6 / 4000)
+    assert p.byte_counter == 10_000_000
