@@ -185,6 +185,14 @@ def test_incast_loss_is_accounted_by_the_receiver(lab, tmp_path):
     assert lost <= dropped <= lost + 10  # a few ARP or ACK drops may add to the queues' count
     assert 0 < rx["gaps"] <= lost        # loss the PSNs reveal (a lost tail has no later PSN)
     assert r["wrong"] > 0  # incomplete messages (and, if a last packet was lost, missing ones)
+    # the queue time series saw the incast: the receiver's port filled up to its buffer and dropped
+    import csv
+    series = doc["queue_series"]
+    assert series["rate_hz"] >= 100, series
+    rows = [x for x in csv.DictReader(open(tmp_path / "run" / "queues.csv"))
+            if x["node"] == "leaf1" and x["port"] == "srv1-gpu0" and x["class"] == "roce"]
+    assert max(int(x["depth_bytes"]) for x in rows) > 3_000_000
+    assert int(rows[-1]["drops"]) > 0
 
 
 NFT_MARK_CE = """table ip labctl_test {

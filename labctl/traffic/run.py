@@ -10,6 +10,7 @@ from pathlib import Path
 from labctl.errors import InputError, LabError, Where
 from labctl.plan.model import LabPlan
 from labctl.state import LabDir
+from labctl.telemetry.sampler import QueueSampler
 from labctl.traffic import fsdp, schedule as sch
 from labctl.traffic.dcqcn import Params
 from labctl.traffic.runner import AgentPool, RunOptions, gpu_ranks, ideal_seconds, local_index
@@ -109,6 +110,7 @@ def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Pa
     (out_dir / "plan.json").write_text(json.dumps(plan.to_dict()))
     results = []
     pool = AgentPool(plan, lab, ranks, options)
+    sampler = QueueSampler(plan, out_dir / "queues.csv").start()
     try:
         for k, op in enumerate(ops):
             ideal = ideal_seconds(plan, op.schedule, nodes, alpha)
@@ -120,13 +122,15 @@ def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Pa
                 continue
             results.append(_result(plan, op, ideal, reports))
     except BaseException:
+        sampler.close()
         pool.close(kill=True)
         raise
+    series = sampler.close()
     counters = pool.close()
     doc = {"workload": w.name, "lab": plan.lab, "dilation": plan.dilation, "ranks": ranks,
            "nodes": {r: nodes[r].name for r in ranks}, "options": w.options.model_dump(),
            "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "results": results,
-           "counters": {str(r): c for r, c in counters.items()}}
+           "counters": {str(r): c for r, c in counters.items()}, "queue_series": series}
     if w.fsdp:
         doc["fsdp"] = _fsdp_summary(w, ranks, results)
     (out_dir / "results.json").write_text(json.dumps(doc, indent=1))

@@ -1,0 +1,1 @@
+"""Counters over time: samplers and the files they write into run directories."""
