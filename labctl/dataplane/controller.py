@@ -30,6 +30,8 @@ class Switch:
     nft: Nft
     ecn_ports: dict[tuple[int, int], int] = field(default_factory=dict)  # (ifindex, leaf major) -> tc
     marking: dict[tuple[int, int], int] = field(default_factory=dict)    # (ifindex, tc) -> N
+    wanted: set = field(default_factory=set)
+    request: tuple = (b"", [])
     polls: int = 0
 
 
@@ -51,21 +53,21 @@ class Controller:
             for ifindex, tc, _ in ports:
                 sw.ecn_ports[(ifindex, (qos.leaf_handle(tc) >> 16))] = tc
                 sw.marking[(ifindex, tc)] = 0
+            sw.wanted = set(sw.ecn_ports)
+            sw.request = qdepth.get_requests(sw.wanted)
             self.switches.append(sw)
 
     def poll(self, sw: Switch) -> bool:
         """One control step for one switch; True if any controlled queue holds packets."""
         busy = False
         e = self.plan.ecn
-        for q in qdepth.dump(sw.sock):
-            tc = sw.ecn_ports.get((q.ifindex, q.handle >> 16))
-            if tc is None:
-                continue
-            busy = busy or q.backlog > 0
-            n = ecn.threshold(ecn.probability(q.backlog, e.kmin, e.kmax, e.pmax))
-            if n != sw.marking[(q.ifindex, tc)]:
-                sw.nft.run(ecn.chain_rules(q.ifindex, tc, n))
-                sw.marking[(q.ifindex, tc)] = n
+        for (ifindex, major), backlog in qdepth.backlogs_get(sw.sock, sw.request).items():
+            tc = sw.ecn_ports[(ifindex, major)]
+            busy = busy or backlog > 0
+            n = ecn.threshold(ecn.probability(backlog, e.kmin, e.kmax, e.pmax)) if backlog >= e.kmin else 0
+            if n != sw.marking[(ifindex, tc)]:
+                sw.nft.run(ecn.chain_rules(ifindex, tc, n))
+                sw.marking[(ifindex, tc)] = n
         sw.polls += 1
         return busy
 

@@ -53,3 +53,87 @@ def dump(sock: socket.socket, seq: int = 1) -> list[QueueStats]:
             qlen, backlog, drops, _req, over = struct.unpack_from("5I", queue) if len(queue) >= 20 else (0,) * 5
             out.append(QueueStats(ifindex, handle, qkind, backlog, qlen, drops, nbytes, npkts, over))
             off += rtnl._align(length)
+
+
+def backlogs(sock: socket.socket, wanted: set[tuple[int, int]], seq: int = 1) -> dict[tuple[int, int], int]:
+    """Backlog bytes of the (ifindex, handle major) queues in `wanted`, from one dump.
+
+    The controller's hot path: the tcmsg header (fixed offset) is checked first and every other
+    qdisc is skipped unparsed; for the wanted ones only the attributes up to TCA_STATS2 are walked.
+    """
+    unpack = struct.unpack_from
+    sock.sendall(struct.pack("IHHII", 16 + 20, RTM_GETQDISC, rtnl.NLM_F_REQUEST | rtnl.NLM_F_DUMP, seq, 0)
+                 + struct.pack("BxxxiIII", socket.AF_UNSPEC, 0, 0, 0, 0))
+    out: dict[tuple[int, int], int] = {}
+    while True:
+        data = sock.recv(1 << 20)
+        off, end = 0, len(data)
+        while off + 16 <= end:
+            length, kind = unpack("IH", data, off)
+            if kind == rtnl.NLMSG_DONE:
+                return out
+            if kind == rtnl.NLMSG_ERROR:
+                raise rtnl.NetlinkError(-unpack("i", data, off + 16)[0], "qdisc dump")
+            ifindex, handle = unpack("iI", data, off + 20)
+            key = (ifindex, handle >> 16)
+            if key in wanted:
+                a, stop = off + 36, off + length
+                while a + 4 <= stop:
+                    alen, atype = unpack("HH", data, a)
+                    if atype & 0x7FFF == TCA_STATS2:
+                        b, bstop = a + 4, a + alen
+                        while b + 4 <= bstop:
+                            blen, btype = unpack("HH", data, b)
+                            if btype == TCA_STATS_QUEUE:
+                                out[key] = unpack("I", data, b + 8)[0]  # qlen, backlog, ...
+                                break
+                            b += (blen + 3) & ~3
+                        break
+                    a += (alen + 3) & ~3
+            off += (length + 3) & ~3
+
+
+NLM_F_ECHO = 0x8
+
+
+def get_requests(wanted: set[tuple[int, int]]) -> tuple[bytes, list[tuple[int, int]]]:
+    """One buffer of RTM_GETQDISC GETs (by handle, NLM_F_ECHO so the reply is unicast) for `wanted`."""
+    keys = sorted(wanted)
+    buf = b"".join(struct.pack("IHHII", 36, RTM_GETQDISC, rtnl.NLM_F_REQUEST | NLM_F_ECHO, k, 0)
+                   + struct.pack("BxxxiIII", socket.AF_UNSPEC, ifindex, major << 16, 0, 0)
+                   for k, (ifindex, major) in enumerate(keys))
+    return buf, keys
+
+
+def backlogs_get(sock: socket.socket, request: tuple[bytes, list]) -> dict[tuple[int, int], int]:
+    """Backlogs of exactly the queues in a prepared request: the kernel serialises only those."""
+    buf, keys = request
+    unpack = struct.unpack_from
+    sock.sendall(buf)
+    out: dict[tuple[int, int], int] = {}
+    while len(out) < len(keys):
+        data = sock.recv(1 << 20)
+        off, end = 0, len(data)
+        while off + 16 <= end:
+            length, kind, _flags, seq = unpack("IHHI", data, off)
+            if kind == rtnl.NLMSG_ERROR:
+                code = -unpack("i", data, off + 16)[0]
+                if code:
+                    raise rtnl.NetlinkError(code, "qdisc get")
+                off += (length + 3) & ~3
+                continue
+            a, stop = off + 36, off + length
+            while a + 4 <= stop:
+                alen, atype = unpack("HH", data, a)
+                if atype & 0x7FFF == TCA_STATS2:
+                    b, bstop = a + 4, a + alen
+                    while b + 4 <= bstop:
+                        blen, btype = unpack("HH", data, b)
+                        if btype == TCA_STATS_QUEUE:
+                            out[keys[seq]] = unpack("I", data, b + 8)[0]
+                            break
+                        b += (blen + 3) & ~3
+                    break
+                a += (alen + 3) & ~3
+            off += (length + 3) & ~3
+    return out
