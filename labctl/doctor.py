@@ -104,14 +104,18 @@ def features(k: dict[str, bool]) -> list[dict]:
         {"feature": "RoCEv2 traffic", "mechanism": "agents in GPU namespaces: UDP 4791 sockets, GSO sends cut "
                                                   "into frames at the host veth, recvmmsg receivers",
          "status": "in use"},
-        {"feature": "traffic classes", "mechanism": pick("mqprio/prio available; HTB classes used",
-                                                         "HTB classes + bfifo leaves (no prio/mqprio)",
-                                                         k.get("prio", False)),
-         "status": "planned (queueing issue)"},
-        {"feature": "ECN marking", "mechanism": pick("RED available; controller + nftables used",
-                                                     "controller switching nftables `ip ecn set ce`",
+        {"feature": "traffic classes", "mechanism": "HTB class + bfifo leaf per class on every port; DSCP to "
+                                                   "class by nftables (meta priority) on switches, SO_PRIORITY "
+                                                   "in agents" + ("" if not k.get("mqprio") else
+                                                                  " (mqprio present, not needed)"),
+         "status": "in use" if k.get("htb") and k.get("nftables") else "MISSING nftables"},
+        {"feature": "ECN marking", "mechanism": pick("RED present; labctl's controller is used everywhere",
+                                                     "controller reading class backlogs (batched qdisc GETs, "
+                                                     "1 kHz busy) switching nftables `ip ecn set ce` rules",
                                                      k.get("red", False)),
-         "status": "planned (queueing issue)" if k.get("nftables") else "MISSING nftables"},
+         "status": "in use" if k.get("nftables") else "MISSING nftables"},
+        {"feature": "DCQCN", "mechanism": "CNPs from receiving agents (notification point), per-QP rate "
+                                          "pacing in sending agents (reaction point)", "status": "in use"},
         {"feature": "PFC pause", "mechanism": "per-switch controller sending 802.1Qbb frames",
          "status": "planned (queueing issue)"},
         {"feature": "WAN delay", "mechanism": pick("netem available; userspace delay line is the default",
