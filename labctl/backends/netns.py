@@ -160,8 +160,13 @@ def _add_shaping(batch: rtnl.Batch, node: Node, iface: Interface) -> None:
     for c in classes:
         batch.add(rtnl.htb_class(iface.index, qos.class_handle(c.tc), qos.HTB_LINK, c.rate_bps, s.burst_bytes,
                                  s.quantum, prio=c.prio, ceil_bps=s.rate_bps), f"{where}: class {c.name}")
-        batch.add(rtnl.bfifo(iface.index, qos.leaf_handle(c.tc), qos.class_handle(c.tc), c.buffer_bytes),
-                  f"{where}: {c.name} queue")
+        if c.lossless:  # a TBF leaf, so that a PFC pause can stop this class alone (dataplane/pfc.py)
+            batch.add(rtnl.tbf(iface.index, qos.leaf_handle(c.tc), qos.class_handle(c.tc),
+                               qos.lossless_tbf_rate(s.rate_bps), qos.lossless_tbf_burst(s.rate_bps, s.quantum),
+                               c.buffer_bytes), f"{where}: {c.name} queue (lossless)")
+        else:
+            batch.add(rtnl.bfifo(iface.index, qos.leaf_handle(c.tc), qos.class_handle(c.tc), c.buffer_bytes),
+                      f"{where}: {c.name} queue")
 
 
 def _classify(node: Node) -> None:

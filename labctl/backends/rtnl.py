@@ -155,6 +155,23 @@ def bfifo(index: int, handle: int, parent: int, limit_bytes: int) -> tuple[int, 
     return RTM_NEWQDISC, CREATE, body
 
 
+TCA_TBF_PARMS, TCA_TBF_RATE64, TCA_TBF_BURST = 1, 4, 6
+
+
+def tbf(index: int, handle: int, parent: int, rate_bps: int, burst_bytes: int, limit_bytes: int,
+        flags: int = CREATE) -> tuple[int, int, bytes]:
+    """A TBF (its inner queue a bfifo of `limit_bytes`). flags=CHANGE changes an existing one in place."""
+    rate_Bps = max(1, rate_bps // 8)
+    spec = struct.pack("BBHhHI", 0, TC_LINKLAYER_ETHERNET, 0, 0, 0, min(rate_Bps, 0xFFFFFFFF))
+    ticks = min(int(burst_bytes * 1e9 / rate_Bps) >> 6, 0xFFFFFFFF)
+    qopt = spec + bytes(12) + struct.pack("III", limit_bytes, ticks, 0)
+    opts = attr(TCA_TBF_PARMS, qopt) + attr(TCA_TBF_BURST, u32(burst_bytes))
+    if rate_Bps > 0xFFFFFFFF:
+        opts += attr(TCA_TBF_RATE64, struct.pack("Q", rate_Bps))
+    body = _tcmsg(index, handle, parent) + attr(TCA_KIND, cstr("tbf")) + nest(TCA_OPTIONS, opts)
+    return RTM_NEWQDISC, flags, body
+
+
 def qdisc_probe(index: int, kind: str) -> tuple[int, int, bytes]:
     """A root qdisc of `kind` with no options: ENOENT means the kernel lacks it, anything else has it."""
     return RTM_NEWQDISC, CREATE, _tcmsg(index, 0x10000, TC_H_ROOT) + attr(TCA_KIND, cstr(kind))

@@ -60,7 +60,7 @@ def tc_show(target, lab_name, as_json):
       sudo labctl tc show leaf1
       sudo labctl tc show leaf1:spine1 --json
     """
-    from labctl.dataplane.inspect import node_queues
+    from labctl.dataplane.queues import node_queues
     plan, node, iface = _target(target, lab_name, need_iface=False)
     rows = node_queues(plan, node, iface)
     if as_json:
@@ -127,7 +127,7 @@ def counters(lab, as_json, watch, busy):
       sudo labctl counters ls --watch
     """
     from labctl import lab as labmod
-    from labctl.dataplane.inspect import lab_queues
+    from labctl.dataplane.queues import lab_queues
     labmod.require_root("labctl counters")
     plan = labmod.load_plan(labmod.default_lab(lab))
 

@@ -29,6 +29,15 @@ def priority_value(tc: int) -> int:
     return class_handle(tc)
 
 
+def lossless_tbf_rate(link_bps: int) -> int:
+    """A lossless class's TBF leaf runs far above the link (HTB shapes) until a PFC pause sets it to 8 bit/s."""
+    return 10 * link_bps
+
+
+def lossless_tbf_burst(link_bps: int, frame: int) -> int:
+    return max(64 * 1024, 4 * frame, link_bps // 8 // 1000)
+
+
 def class_rates(classes: list[dict], link_bps: int) -> list[int]:
     total = sum(c["weight"] for c in classes)
     return [max(8_000, link_bps * c["weight"] // total) for c in classes]

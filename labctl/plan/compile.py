@@ -33,10 +33,16 @@ def shaping_for(lab_rate_bps: int, mtu: int, buffer_bytes: int, classes=(), loss
     frame = mtu + ETH_HEADER
     burst = max(lab_rate_bps // 8 // 1000, 2 * frame)
     specs = [c.model_dump() for c in classes]
-    plans = [model.ClassPlan(name=c["name"], tc=c["tc"], dscp=list(c["dscp"]), rate_bps=rate,
-                             prio=0 if c["strict"] else 1, buffer_bytes=c["buffer"],
-                             lossless=c["lossless"] and lossless_fabric, ecn=c["ecn"])
-             for c, rate in zip(specs, qos.class_rates(specs, lab_rate_bps))]
+    plans: list[model.ClassPlan] = []
+    for c, rate in zip(specs, qos.class_rates(specs, lab_rate_bps)):
+        lossless = c["lossless"] and lossless_fabric
+        # XOFF leaves a quarter of the class buffer as headroom: what arrives while the pause travels
+        # and the neighbour's control loop (~1 ms lab time) reacts, with a wide margin
+        xoff = c["buffer"] * 3 // 4 if lossless else 0
+        plans.append(model.ClassPlan(name=c["name"], tc=c["tc"], dscp=list(c["dscp"]), rate_bps=rate,
+                                     prio=0 if c["strict"] else 1, buffer_bytes=c["buffer"], lossless=lossless,
+                                     ecn=c["ecn"], xoff_bytes=xoff, xon_bytes=max(0, xoff - 2 * frame)
+                                     if lossless else 0))
     return model.Shaping(rate_bps=lab_rate_bps, burst_bytes=burst, quantum=frame, buffer_bytes=buffer_bytes,
                          classes=plans)
 
@@ -117,7 +123,7 @@ def compile_plan(loaded: Loaded) -> model.LabPlan:
                 mtu=mtu, address=f"{mine}/31", peer_node=peer, peer_iface=peer_if,
                 peer_address=str(theirs), link=i, fabric=fabric,
                 shaping=shaping_for(lab_rate, mtu, topo.defaults.buffer, topo.qos.classes,
-                                    fabrics[fabric].lossless),
+                                    fabrics[fabric].lossless and topo.qos.pfc),
                 delay_ns=int(round(latency * topo.dilation))))
 
     _add_routes(nodes, links, fabrics)

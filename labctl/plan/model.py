@@ -15,6 +15,8 @@ class ClassPlan:
     buffer_bytes: int
     lossless: bool       # PFC protects it here (the class is lossless and so is the port's fabric)
     ecn: bool
+    xoff_bytes: int = 0  # lossless: queue depth at which this port pauses its feeders
+    xon_bytes: int = 0   # and at which it lets them go again
 
 
 @dataclass

@@ -71,6 +71,7 @@ def default_classes() -> list[TrafficClass]:
 class Qos(Strict):
     classes: list[TrafficClass] = Field(default_factory=default_classes, min_length=1)
     ecn: EcnProfile = EcnProfile()
+    pfc: bool = Field(True, description="PFC on the lossless classes of lossless fabrics (false: all lossy)")
 
 
 class Fabric(Strict):

@@ -1,0 +1,104 @@
+"""PFC on real ports: AF_PACKET sockets that send and receive 802.1Qbb frames, and the pause itself.
+
+Pausing a class on this kernel (measured, DESIGN §8): the lossless class's leaf is a TBF; a pause
+changes it to 8 bit/s with a one-frame burst (one frame may still leave, as in-flight frames do on
+a real link), a resume restores its rate, and one frame sent through the port's qdisc (the kick)
+makes the kernel dequeue again: without it the resumed queue waited ~0.95 s for the TBF's old
+watchdog. 20 pause/resume cycles, with and without arrivals while paused: no loss, resumed in
+under 10 ms with `tc`, sub-millisecond over netlink.
+"""
+from __future__ import annotations
+
+import socket
+import struct
+import time
+
+from labctl.backends import nsutil, rtnl
+from labctl.dataplane import pfc, qos
+from labctl.plan.model import ClassPlan, Interface, Node
+
+PACKET_QDISC_BYPASS = 20
+SOL_PACKET = 263            # not exported by Python 3.11's socket module
+CHANGE = rtnl.NLM_F_REQUEST | rtnl.NLM_F_ACK
+
+
+class Port:
+    def __init__(self, node: Node, iface: Interface, cls: ClassPlan, peer_mac: str, nl: socket.socket):
+        self.node, self.iface, self.cls, self.peer_mac, self.nl = node, iface, cls, peer_mac, nl
+        self.state = pfc.PortPfc(cls.tc)
+        self.over_xoff = False
+        with nsutil.entered(node.namespace):
+            self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(pfc.ETH_P_MAC_CONTROL))
+            self.kick_sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
+        self.sock.bind((iface.name, pfc.ETH_P_MAC_CONTROL))
+        self.sock.setsockopt(SOL_PACKET, PACKET_QDISC_BYPASS, 1)  # MAC control never queues
+        self.sock.setblocking(False)
+        self.kick_sock.bind((iface.name, 0))
+        self.kick = (bytes.fromhex(peer_mac.replace(":", "")) + bytes.fromhex(iface.mac.replace(":", ""))
+                     + struct.pack("!H", pfc.ETH_P_KICK) + bytes(46))
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    # -- sending pauses to the neighbour ---------------------------------------------------------
+    def send_pfc(self, quanta: int, now: float) -> None:
+        try:
+            self.sock.send(pfc.frame(self.iface.mac, self.cls.tc, quanta))
+            self.state.tx_frames += 1
+            self.state.last_sent = now
+        except OSError:
+            pass
+
+    # -- obeying pauses from the neighbour -------------------------------------------------------
+    def receive(self, now: float) -> None:
+        while True:
+            try:
+                data, addr = self.sock.recvfrom(2048)
+            except BlockingIOError:
+                return
+            if addr[2] == socket.PACKET_OUTGOING:
+                continue
+            classes = pfc.parse(data)
+            if not classes or self.cls.tc not in classes:
+                continue
+            self.state.rx_frames += 1
+            quanta = classes[self.cls.tc]
+            if quanta:
+                if not self.state.paused_until:
+                    self._set(paused=True)
+                    self.state.paused_since = now
+                self.state.paused_until = now + pfc.pause_seconds(quanta, self.iface.shaping.rate_bps)
+            elif self.state.paused_until:
+                self.resume(now)
+
+    def expire(self, now: float) -> None:
+        if self.state.paused_until and now >= self.state.paused_until:
+            self.resume(now)
+
+    def resume(self, now: float) -> None:
+        self._set(paused=False)
+        self.state.paused_total += now - self.state.paused_since
+        self.state.paused_until = 0.0
+        try:
+            self.kick_sock.send(self.kick)  # an enqueue runs the qdisc, which dequeues the resumed class
+        except OSError:
+            pass
+
+    def _set(self, paused: bool) -> None:
+        s = self.iface.shaping
+        if paused:
+            rate, burst = 8, s.quantum
+        else:
+            rate, burst = qos.lossless_tbf_rate(s.rate_bps), qos.lossless_tbf_burst(s.rate_bps, s.quantum)
+        kind, _, body = rtnl.tbf(self.iface.index, qos.leaf_handle(self.cls.tc), qos.class_handle(self.cls.tc),
+                                 rate, burst, self.cls.buffer_bytes)
+        b = rtnl.Batch(self.nl)
+        b.add((kind, CHANGE, body), f"{self.node.name}:{self.iface.name}: {'pause' if paused else 'resume'}")
+        b.commit()
+
+    def counters(self, now: float) -> dict:
+        return {"node": self.node.name, "port": self.iface.name, **self.state.counters(now)}
+
+    def close(self) -> None:
+        self.sock.close()
+        self.kick_sock.close()
