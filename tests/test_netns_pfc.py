@@ -1,0 +1,83 @@
+"""PFC on a real fabric: a lossless incast loses nothing, pauses cross the wire and are counted at both
+ends; without PFC the same incast drops (and retransmits in reliable mode)."""
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import require_root
+from labctl import state
+from labctl.dataplane.queues import lab_queues
+from labctl.traffic.run import run_workload
+from labctl.traffic.workload import load_workload
+
+LEAF_SPINE = Path(__file__).resolve().parents[1] / "topologies" / "leaf-spine.yml"
+pytestmark = pytest.mark.netns
+# no NVLink: all seven senders cross the fabric into srv1-gpu0
+FABRIC_ONLY = ["scale_up=false"]
+
+
+def incast(plan, tmp_path: Path, options: str = "", timeout: str = "15s") -> dict:
+    wf = tmp_path / "w.yml"
+    wf.write_text("name: inc\ncollective: incast\nsizes: [4MB]\nparticipants: all\nroot: srv1-gpu0\n"
+                  f"options: {{timeout: {timeout}{options}}}\n")
+    return run_workload(plan, state.lab_dir(plan.lab), load_workload(wf), tmp_path / "run")
+
+
+def pfc_counters(plan) -> dict[tuple[str, str], dict]:
+    f = state.lab_dir(plan.lab).path / "pfc.json"
+    time.sleep(0.5)  # the controller rewrites it every 0.2 s
+    return {(p["node"], p["port"]): p for p in json.loads(f.read_text())["ports"]}
+
+
+def test_lossless_incast_loses_nothing_and_pauses_agree_at_both_ends(built_lab, tmp_path):
+    require_root()
+    plan = built_lab(LEAF_SPINE, sets=FABRIC_ONLY)
+    spine1 = plan.node("spine1")
+    pcap = tmp_path / "spine1-leaf1.pcap"
+    cap = subprocess.Popen(["ip", "netns", "exec", spine1.namespace, "tcpdump", "-i", "leaf1", "-U", "-w", str(pcap),
+                            "ether proto 0x8808"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1.0)
+    try:
+        doc = incast(plan, tmp_path)
+    finally:
+        time.sleep(0.3)
+        cap.send_signal(signal.SIGINT)
+        cap.wait(timeout=10)
+    (r,) = doc["results"]
+    rx = [q for c in doc["counters"].values() for q in c["rx"]]
+    queues = lab_queues(plan)
+    assert sum(q["drops"] for q in queues if q["lossless"]) == 0, "a lossless queue dropped"
+    assert r["wrong"] == 0 and sum(q["gaps"] for q in rx) == 0
+    counters = pfc_counters(plan)
+    sent = {k: v for k, v in counters.items() if v["pfc_tx"]}
+    assert sent, "the incast never paused anyone"
+    for (node, port), c in sent.items():
+        iface = plan.node(node).iface(port)
+        peer = counters[(iface.peer_node, iface.peer_iface)]
+        assert peer["pfc_rx"] == c["pfc_tx"], (node, port, c, peer)   # both ends of the link agree
+        assert peer["paused_s"] > 0
+    # on the wire: tshark decodes every frame leaf1 sent toward spine1 as class-based flow control
+    out = subprocess.run(["tshark", "-r", str(pcap), "-T", "fields", "-e", "eth.src", "-e", "_ws.col.Info"],
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    leaf1_mac = plan.node("leaf1").iface("spine1").mac
+    from_leaf1 = [line for line in out if line.startswith(leaf1_mac)]
+    assert from_leaf1 and all("Class Based Flow Control" in line for line in from_leaf1)
+    assert len(from_leaf1) == counters[("leaf1", "spine1")]["pfc_tx"]
+
+
+def test_without_pfc_the_same_incast_drops_and_reliable_mode_retransmits(built_lab, tmp_path):
+    require_root()
+    plan = built_lab(LEAF_SPINE, sets=FABRIC_ONLY + ["pfc=false"])
+    assert not any(c.lossless for n in plan.nodes for i in n.interfaces for c in i.shaping.classes)
+    doc = incast(plan, tmp_path)
+    rx = [q for c in doc["counters"].values() for q in c["rx"]]
+    assert sum(q["drops"] for q in lab_queues(plan)) > 100 and sum(q["gaps"] for q in rx) > 0
+    doc = incast(plan, tmp_path, ", reliable: true", timeout="60s")
+    tx = [q for c in doc["counters"].values() for q in c["tx"]]
+    assert doc["results"][0]["wrong"] == 0 and sum(q["retransmitted"] for q in tx) > 0
