@@ -27,13 +27,14 @@ MB = 1_000_000
 
 @pytest.fixture(scope="module")
 def lab():
-    """The bundled leaf-spine (100 Mbit/s links at dilation 4000), shared by this module's tests."""
+    """The bundled leaf-spine (100 Mbit/s links at dilation 4000) without PFC, shared by this module's
+    tests: the incasts here are about how loss is accounted and recovered (PFC has its own tests)."""
     require_root()
     old = os.environ.get("LABCTL_STATE_DIR")
     os.environ["LABCTL_STATE_DIR"] = tempfile.mkdtemp(prefix="labctl-test-")
     name = f"lt{uuid.uuid4().hex[:6]}"
     try:
-        plan, d, _ = labmod.up(str(ROOT / "topologies" / "leaf-spine.yml"), name=name)
+        plan, d, _ = labmod.up(str(ROOT / "topologies" / "leaf-spine.yml"), ["pfc=false"], name=name)
         yield plan, d
     finally:
         if state.lab_dir(name).path.exists():
