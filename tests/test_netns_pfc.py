@@ -81,3 +81,33 @@ def test_without_pfc_the_same_incast_drops_and_reliable_mode_retransmits(built_l
     doc = incast(plan, tmp_path, ", reliable: true", timeout="60s")
     tx = [q for c in doc["counters"].values() for q in c["tx"]]
     assert doc["results"][0]["wrong"] == 0 and sum(q["retransmitted"] for q in tx) > 0
+
+
+def test_congestion_spreads_to_a_victim_that_only_shares_an_upstream_port(built_lab, tmp_path):
+    """A flow leaf3 -> leaf2 never touches the congested port (leaf1 -> srv1-gpu0), but when PFC
+    cascades the spines pause leaf3's uplinks, and the victim waits behind the incast's traffic."""
+    require_root()
+    import itertools
+    from labctl.traffic import schedule as sch
+    from labctl.traffic.runner import AgentPool, RunOptions
+    plan = built_lab(LEAF_SPINE, sets=FABRIC_ONLY)
+    lab = state.lab_dir(plan.lab)
+    # ranks: srvS-gpuG is rank 4(S-1)+G and sits on leaf G+1 (rail-optimised)
+    receiver, senders, victim_src, victim_dst = 0, [1, 2, 3, 4, 7], 6, 5   # victim: leaf3 -> leaf2
+    pool = AgentPool(plan, lab, [receiver, *senders, victim_src, victim_dst], RunOptions())
+    try:
+        def victim_time(with_incast: bool) -> float:
+            ids = itertools.count()
+            transfers = sch.sendrecv([victim_src, victim_dst], 8_000_000, ids=ids).transfers
+            if with_incast:
+                transfers += sch.incast([receiver, *senders], 4_000_000, ids=ids).transfers
+            s = sch.Schedule("mix", [receiver, *senders, victim_src, victim_dst], 0, transfers)
+            reports = pool.run(s, 0, timeout=60)
+            assert all(not r["missing"] for r in reports.values())
+            return max(x[2] for x in reports[victim_src]["sends"])
+
+        alone = victim_time(False)
+        spread = victim_time(True)
+    finally:
+        pool.close()
+    assert spread > 1.3 * alone, f"victim alone {alone:.2f} s, beside the incast with PFC {spread:.2f} s"
