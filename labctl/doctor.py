@@ -116,8 +116,9 @@ def features(k: dict[str, bool]) -> list[dict]:
          "status": "in use" if k.get("nftables") else "MISSING nftables"},
         {"feature": "DCQCN", "mechanism": "CNPs from receiving agents (notification point), per-QP rate "
                                           "pacing in sending agents (reaction point)", "status": "in use"},
-        {"feature": "PFC pause", "mechanism": "per-switch controller sending 802.1Qbb frames",
-         "status": "planned (queueing issue)"},
+        {"feature": "PFC pause", "mechanism": "controller sends 802.1Qbb frames past XOFF; a paused port's "
+                                              "lossless class is a TBF set to 8 bit/s, resumed with one kicked "
+                                              "frame", "status": "in use" if k.get("tbf") else "MISSING tbf"},
         {"feature": "WAN delay", "mechanism": pick("netem available; userspace delay line is the default",
                                                    "userspace delay line (no netem here)", k.get("netem", False)),
          "status": "planned (WAN issue)"},

@@ -32,14 +32,17 @@ def _target(spec: str, lab_name: str | None, need_iface: bool):
 
 def _queue_table(rows: list[dict], title: str) -> Table:
     t = Table(title=title)
-    for col in ("node", "port", "class", "dscp", "rate / ceil", "buffer", "depth", "sent", "drops", "ECN p"):
+    for col in ("node", "port", "class", "dscp", "rate / ceil", "buffer", "depth", "sent", "drops", "ECN p",
+                "PFC tx/rx", "paused"):
         t.add_column(col)
     for r in rows:
         t.add_row(r["node"], r["port"], f"{r['class']} (tc {r['tc']}{', lossless' if r['lossless'] else ''})",
                   ",".join(map(str, r["dscp"])) or "other", f"{format_rate(r['rate_bps'])} / "
                   f"{format_rate(r['ceil_bps'])}", f"{r['buffer_bytes'] // 1024} KiB", f"{r['depth_bytes']} B",
                   f"{r['sent_packets']} pkt", str(r["drops"]),
-                  "-" if r["mark_probability"] is None else f"{r['mark_probability']:.3f}")
+                  "-" if r["mark_probability"] is None else f"{r['mark_probability']:.3f}",
+                  f"{r['pfc_tx']}/{r['pfc_rx']}" if "pfc_tx" in r else "-",
+                  f"{r['paused_s']:.3f} s" if "paused_s" in r else "-")
     return t
 
 
@@ -60,9 +63,11 @@ def tc_show(target, lab_name, as_json):
       sudo labctl tc show leaf1
       sudo labctl tc show leaf1:spine1 --json
     """
-    from labctl.dataplane.queues import node_queues
+    from labctl import lab as labmod
+    from labctl.dataplane.queues import add_pfc, node_queues
     plan, node, iface = _target(target, lab_name, need_iface=False)
     rows = node_queues(plan, node, iface)
+    add_pfc(rows, labmod.default_lab(lab_name or plan.lab).path)
     if as_json:
         click.echo(json.dumps({"ecn": vars(plan.ecn), "queues": rows}, indent=1))
         return
@@ -119,7 +124,8 @@ def link(state, target, lab_name):
 @click.option("--watch", is_flag=True, help="refresh every second until Ctrl-C")
 @click.option("--busy", is_flag=True, help="only queues that sent or dropped something")
 def counters(lab, as_json, watch, busy):
-    """Per port and class: queue depth, packets and bytes sent, drops, ECN marking probability.
+    """Per port and class: queue depth, packets and bytes sent, drops, ECN marking probability, PFC
+    frames sent/received and time paused.
 
     \b
     Example:
@@ -129,11 +135,13 @@ def counters(lab, as_json, watch, busy):
     from labctl import lab as labmod
     from labctl.dataplane.queues import lab_queues
     labmod.require_root("labctl counters")
-    plan = labmod.load_plan(labmod.default_lab(lab))
+    lab_dir = labmod.default_lab(lab)
+    plan = labmod.load_plan(lab_dir)
 
     def rows():
-        got = lab_queues(plan)
-        return [r for r in got if r["sent_packets"] or r["drops"]] if busy else got
+        got = lab_queues(plan, lab_dir.path)
+        return [r for r in got if r["sent_packets"] or r["drops"] or r.get("pfc_tx") or r.get("pfc_rx")] \
+            if busy else got
 
     if as_json:
         click.echo(json.dumps(rows(), indent=1))

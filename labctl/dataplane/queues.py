@@ -32,9 +32,26 @@ def node_queues(plan: LabPlan, node: Node, iface: str | None = None) -> list[dic
     return rows
 
 
-def lab_queues(plan: LabPlan) -> list[dict]:
+def lab_queues(plan: LabPlan, lab_path=None) -> list[dict]:
+    """Every port and class; with the lab directory, PFC counters (from the controller) too."""
     rows = []
     for node in plan.nodes:
         if nsutil.exists(node.namespace):
             rows += node_queues(plan, node)
+    if lab_path is not None:
+        add_pfc(rows, lab_path)
     return rows
+
+
+def add_pfc(rows: list[dict], lab_path) -> None:
+    import json
+    from pathlib import Path
+    f = Path(lab_path) / "pfc.json"
+    try:
+        ports = {(p["node"], p["port"], p["tc"]): p for p in json.loads(f.read_text())["ports"]}
+    except (OSError, ValueError):
+        return
+    for r in rows:
+        p = ports.get((r["node"], r["port"], r["tc"]))
+        if p:
+            r.update(pfc_tx=p["pfc_tx"], pfc_rx=p["pfc_rx"], paused_s=p["paused_s"], paused=p["paused"])
