@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import subprocess
 from pathlib import Path
 
@@ -121,7 +122,10 @@ def test_route_predicts_the_spine_and_real_udp_follows_it(built_lab, lab_name):
 def test_down_leaves_no_namespace_process_or_record(built_lab, lab_name, state_dir):
     require_root()
     plan = built_lab(LEAF_SPINE)
-    sleeper = subprocess.Popen(["ip", "netns", "exec", plan.node("leaf1").namespace, "sleep", "60"])
+    ns = plan.node("leaf1").namespace
+    sleeper = subprocess.Popen(["ip", "netns", "exec", ns, "sleep", "60"])
+    inode = nsutil.inode(ns)
+    assert wait_for(lambda: os.stat(f"/proc/{sleeper.pid}/ns/net").st_ino == inode)  # it is inside now
     try:
         removed = labmod.down(lab_name)
         assert len(removed) == len(plan.nodes)

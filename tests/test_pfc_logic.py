@@ -24,3 +24,38 @@ def test_other_frames_are_not_pfc():
 def test_pause_time_in_quanta_of_512_bit_times():
     assert pfc.pause_seconds(0xFFFF, 100_000_000) == pytest.approx(0.3355, rel=1e-3)
     assert pfc.pause_seconds(1, 400e9) == pytest.approx(1.28e-9)
+
+
+def test_pause_refresh_and_release_on_a_simulated_clock():
+    rate = 100_000_000
+    half = pfc.pause_seconds(0xFFFF, rate) / 2
+    s = pfc.PortPfc(3)
+    assert s.decide(False, 0.0, rate) is None                 # nothing congested: silence
+    assert s.decide(True, 0.0, rate) == 0xFFFF                # XOFF: pause the feeder
+    s.last_sent = 0.0
+    assert s.decide(True, half * 0.9, rate) is None           # still covered by that pause
+    assert s.decide(True, half * 1.01, rate) == 0xFFFF        # refreshed before it runs out
+    s.last_sent = half * 1.01
+    assert s.decide(False, half * 1.2, rate) == 0             # below XON: release with quanta 0
+    assert s.decide(False, half * 1.3, rate) is None
+
+
+def test_received_pauses_start_extend_expire_and_resume():
+    rate = 100_000_000
+    s = pfc.PortPfc(3)
+    assert s.on_frame(0xFFFF, 1.0, rate) == "pause"
+    assert s.on_frame(0xFFFF, 1.1, rate) is None and s.rx_frames == 2      # a refresh only extends
+    assert not s.expired(1.1 + pfc.pause_seconds(0xFFFF, rate) * 0.99)
+    assert s.expired(1.1 + pfc.pause_seconds(0xFFFF, rate))
+    assert s.on_frame(0, 1.2, rate) == "resume"
+    s.ended(1.2)
+    assert s.paused_total == pytest.approx(0.2) and s.counters(2.0)["paused_s"] == pytest.approx(0.2)
+    assert s.on_frame(0, 1.3, rate) is None                                  # XON when not paused
+
+
+def test_headroom_grows_with_feeders_rate_and_distance():
+    from labctl.plan.compile import headroom
+    one = headroom(100_000_000, 1, 0, 9014)
+    assert one == 2 * 12_500_000 * 0.02 + 2 * 9014
+    assert headroom(100_000_000, 3, 0, 9014) > 2.9 * one - 2 * 9014 * 2
+    assert headroom(100_000_000, 1, 10_000_000, 9014) > one  # 10 ms of (dilated) propagation

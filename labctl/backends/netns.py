@@ -95,6 +95,10 @@ class NetnsBackend:
             pids += nsutil.pids_in(inodes)
         nsutil.kill_all(sorted(set(p for p in pids if nsutil.pid_alive(p))))
         removed = [n for n in names if nsutil.remove(n)]
+        if inodes:
+            # a process that was entering a namespace while we looked (`ip netns exec` setns-ing)
+            # would keep it, and its veths, alive: look once more now that no one can enter
+            nsutil.kill_all(nsutil.pids_in(inodes))
         if not keep_record:
             lab.remove()
         return removed

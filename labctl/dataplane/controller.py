@@ -102,15 +102,10 @@ class Controller:
     def _assert_pfc(sw: Switch, congested: bool, now: float) -> None:
         """Pause every feeding port while any lossless egress queue is past XOFF; XON below XON."""
         for port in sw.pfc.values():
-            feeder = not port.over_xoff
-            refresh = pfc.pause_seconds(pfc.MAX_QUANTA, port.iface.shaping.rate_bps) / 2
-            if congested and feeder:
-                if not port.state.asserting or now - port.state.last_sent > refresh:
-                    port.send_pfc(pfc.MAX_QUANTA, now)
-                    port.state.asserting = True
-            elif port.state.asserting:
-                port.send_pfc(0, now)
-                port.state.asserting = False
+            quanta = port.state.decide(congested and not port.over_xoff, now, port.iface.shaping.rate_bps,
+                                       port.cls.pfc_quanta)
+            if quanta is not None:
+                port.send_pfc(quanta, now)
 
     def write_counters(self) -> None:
         if self.counters_file is None:

@@ -61,3 +61,38 @@ class PortPfc:
         paused = self.paused_total + (now - self.paused_since if self.paused_until else 0.0)
         return {"tc": self.tc, "pfc_tx": self.tx_frames, "pfc_rx": self.rx_frames, "paused_s": round(paused, 6),
                 "paused": bool(self.paused_until)}
+
+    # -- decisions, pure: the controller feeds them the clock and acts on the answers -------------
+    def decide(self, congested_elsewhere: bool, now: float, rate_bps: int, quanta: int = MAX_QUANTA) -> int | None:
+        """The pause time to send to this port's neighbour now (0 = XON), or None to send nothing.
+
+        While another of the node's lossless queues is past XOFF this port's neighbour feeds it:
+        pause it, and refresh the pause at half its duration; once none is, release it."""
+        if congested_elsewhere:
+            if not self.asserting or now - self.last_sent >= pause_seconds(quanta, rate_bps) / 2:
+                self.asserting = True
+                return quanta
+            return None
+        if self.asserting:
+            self.asserting = False
+            return 0
+        return None
+
+    def on_frame(self, quanta: int, now: float, rate_bps: int) -> str | None:
+        """A PFC frame for this class arrived: 'pause' to start holding the class, 'resume' to let it
+        go, None when an existing pause is only extended (or nothing changes)."""
+        self.rx_frames += 1
+        if quanta:
+            start = not self.paused_until
+            if start:
+                self.paused_since = now
+            self.paused_until = now + pause_seconds(quanta, rate_bps)
+            return "pause" if start else None
+        return "resume" if self.paused_until else None
+
+    def expired(self, now: float) -> bool:
+        return bool(self.paused_until) and now >= self.paused_until
+
+    def ended(self, now: float) -> None:
+        self.paused_total += now - self.paused_since
+        self.paused_until = 0.0

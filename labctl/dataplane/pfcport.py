@@ -61,24 +61,19 @@ class Port:
             classes = pfc.parse(data)
             if not classes or self.cls.tc not in classes:
                 continue
-            self.state.rx_frames += 1
-            quanta = classes[self.cls.tc]
-            if quanta:
-                if not self.state.paused_until:
-                    self._set(paused=True)
-                    self.state.paused_since = now
-                self.state.paused_until = now + pfc.pause_seconds(quanta, self.iface.shaping.rate_bps)
-            elif self.state.paused_until:
+            action = self.state.on_frame(classes[self.cls.tc], now, self.iface.shaping.rate_bps)
+            if action == "pause":
+                self._set(paused=True)
+            elif action == "resume":
                 self.resume(now)
 
     def expire(self, now: float) -> None:
-        if self.state.paused_until and now >= self.state.paused_until:
+        if self.state.expired(now):
             self.resume(now)
 
     def resume(self, now: float) -> None:
         self._set(paused=False)
-        self.state.paused_total += now - self.state.paused_since
-        self.state.paused_until = 0.0
+        self.state.ended(now)
         try:
             self.kick_sock.send(self.kick)  # an enqueue runs the qdisc, which dequeues the resumed class
         except OSError:

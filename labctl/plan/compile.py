@@ -28,21 +28,31 @@ def default_pools(index: int) -> tuple[str, str]:
     return f"10.{index}.0.0/16", f"10.{100 + index}.0.0/24"
 
 
-def shaping_for(lab_rate_bps: int, mtu: int, buffer_bytes: int, classes=(), lossless_fabric: bool = False
-                ) -> model.Shaping:
+PFC_RESPONSE_S = 0.02  # lab time from XOFF to a stopped feeder: two idle controller loops and a netlink change
+
+
+def headroom(lab_rate_bps: int, feeders: int, lab_delay_ns: int, frame: int) -> int:
+    """Buffer above XOFF for what still arrives once a pause is sent: the pause crossing the link and
+    the feeder reacting, data in flight back, from every feeding port at once (the switch watches
+    its egress queue, not per-ingress counters), plus two frames."""
+    seconds = lab_delay_ns / 1e9 + PFC_RESPONSE_S
+    return int(2 * max(1, feeders) * lab_rate_bps / 8 * seconds) + 2 * frame
+
+
+def shaping_for(lab_rate_bps: int, mtu: int, buffer_bytes: int, classes=(), lossless_fabric: bool = False,
+                feeders: int = 1, lab_delay_ns: int = 0, pfc_quanta: int = 0xFFFF) -> model.Shaping:
     frame = mtu + ETH_HEADER
     burst = max(lab_rate_bps // 8 // 1000, 2 * frame)
     specs = [c.model_dump() for c in classes]
     plans: list[model.ClassPlan] = []
     for c, rate in zip(specs, qos.class_rates(specs, lab_rate_bps)):
         lossless = c["lossless"] and lossless_fabric
-        # XOFF leaves a quarter of the class buffer as headroom: what arrives while the pause travels
-        # and the neighbour's control loop (~1 ms lab time) reacts, with a wide margin
-        xoff = c["buffer"] * 3 // 4 if lossless else 0
+        room = c["headroom"] or headroom(lab_rate_bps, feeders, lab_delay_ns, frame)
+        xoff = max(2 * frame, c["buffer"] - min(room, c["buffer"] // 2)) if lossless else 0
         plans.append(model.ClassPlan(name=c["name"], tc=c["tc"], dscp=list(c["dscp"]), rate_bps=rate,
                                      prio=0 if c["strict"] else 1, buffer_bytes=c["buffer"], lossless=lossless,
                                      ecn=c["ecn"], xoff_bytes=xoff, xon_bytes=max(0, xoff - 2 * frame)
-                                     if lossless else 0))
+                                     if lossless else 0, pfc_quanta=pfc_quanta))
     return model.Shaping(rate_bps=lab_rate_bps, burst_bytes=burst, quantum=frame, buffer_bytes=buffer_bytes,
                          classes=plans)
 
@@ -123,7 +133,9 @@ def compile_plan(loaded: Loaded) -> model.LabPlan:
                 mtu=mtu, address=f"{mine}/31", peer_node=peer, peer_iface=peer_if,
                 peer_address=str(theirs), link=i, fabric=fabric,
                 shaping=shaping_for(lab_rate, mtu, topo.defaults.buffer, topo.qos.classes,
-                                    fabrics[fabric].lossless and topo.qos.pfc),
+                                    fabrics[fabric].lossless and topo.qos.pfc,
+                                    feeders=sum(1 for x in ends if node in (x[0], x[2])) - 1,
+                                    lab_delay_ns=int(round(latency * topo.dilation)), pfc_quanta=topo.qos.pfc_quanta),
                 delay_ns=int(round(latency * topo.dilation))))
 
     _add_routes(nodes, links, fabrics)

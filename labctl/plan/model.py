@@ -17,6 +17,7 @@ class ClassPlan:
     ecn: bool
     xoff_bytes: int = 0  # lossless: queue depth at which this port pauses its feeders
     xon_bytes: int = 0   # and at which it lets them go again
+    pfc_quanta: int = 0xFFFF
 
 
 @dataclass

@@ -53,6 +53,8 @@ class TrafficClass(Strict):
     strict: bool = Field(False, description="strict priority over the weighted classes")
     weight: int = Field(1, ge=1, le=100, description="share of the link among non-strict classes, 1..100")
     buffer: Size = Field(4 * 1024 * 1024, description="this class's egress buffer per port, e.g. 4MiB")
+    headroom: Size | None = Field(None, description="lossless: buffer kept above XOFF for in-flight data "
+                                                    "(default: 2 x feeders x rate x (delay + response) + 2 MTU)")
 
 
 class EcnProfile(Strict):
@@ -72,6 +74,7 @@ class Qos(Strict):
     classes: list[TrafficClass] = Field(default_factory=default_classes, min_length=1)
     ecn: EcnProfile = EcnProfile()
     pfc: bool = Field(True, description="PFC on the lossless classes of lossless fabrics (false: all lossy)")
+    pfc_quanta: int = Field(0xFFFF, ge=1, le=0xFFFF, description="pause time sent at XOFF, in 512-bit quanta")
 
 
 class Fabric(Strict):
