@@ -86,7 +86,6 @@ def main() -> None:
         for n in sizes:
             r = labctl_once(SIZES[n])
             results.setdefault(("labctl", n), []).append(r)
-            nodes = len(r["plan"].nodes)
             if use_mn:
                 m = mininet_once(r["plan"])
                 if m:

@@ -144,12 +144,8 @@ def load_plan(lab: state.LabDir) -> LabPlan:
 
 
 def live_links(namespace: str) -> dict[str, dict]:
-    with nsutil.entered(namespace):
-        sock = rtnl.open_socket()
-    try:
+    with nsutil.netlink_socket(namespace) as sock:
         return rtnl.link_dump(sock)
-    finally:
-        sock.close()
 
 
 def status(lab: state.LabDir) -> dict:

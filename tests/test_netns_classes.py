@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from conftest import require_root
-from labctl import lab as labmod
 from labctl.backends import nsutil
 
 LEAF_SPINE = Path(__file__).resolve().parents[1] / "topologies" / "leaf-spine.yml"

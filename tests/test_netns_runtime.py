@@ -13,7 +13,7 @@ from conftest import require_root
 from labctl import lab as labmod
 from labctl import state
 from labctl.dataplane.tcset import set_port_rate
-from netutil import send_udp, wait_for
+from netutil import wait_for
 from test_netns_shaping import measure_rate
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -207,21 +207,24 @@ def _raise_fd_limit(need: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(max(need, soft), hard), hard))
 
 
-def set_link(node: Node, iface: Interface, up: bool) -> None:
-    """Administratively bring one port up or down (both ends make a link failure)."""
-    with nsutil.entered(node.namespace):
-        sock = rtnl.open_socket()
-    try:
+def commit_in(namespace: str, requests: list[tuple[tuple, str]]) -> int:
+    """Send (request, description) pairs to a namespace in one burst; returns how many were sent."""
+    with nsutil.netlink_socket(namespace) as sock:
         batch = rtnl.Batch(sock)
-        kind, flags, _ = rtnl.link_up(iface.index)
-        batch.add((kind, flags, rtnl.ifinfo(iface.index, rtnl.IFF_UP if up else 0, rtnl.IFF_UP)),
-                  f"{node.name}: {'up' if up else 'down'} {iface.name}")
+        for request, what in requests:
+            batch.add(request, what)
         try:
             batch.commit()
         except rtnl.NetlinkError as exc:
             raise LabError(f"{exc.what} failed: {exc}") from None
-    finally:
-        sock.close()
+    return len(requests)
+
+
+def set_link(node: Node, iface: Interface, up: bool) -> None:
+    """Administratively bring one port up or down (both ends make a link failure)."""
+    kind, flags, _ = rtnl.link_up(iface.index)
+    commit_in(node.namespace, [((kind, flags, rtnl.ifinfo(iface.index, rtnl.IFF_UP if up else 0, rtnl.IFF_UP)),
+                                f"{node.name}: {'up' if up else 'down'} {iface.name}")])
 
 
 def apply_routes(node: Node, old: list, new: list) -> int:
@@ -229,21 +232,7 @@ def apply_routes(node: Node, old: list, new: list) -> int:
     before = {r.dst: [(h.via, h.dev) for h in r.nexthops] for r in old}
     after = {r.dst: [(h.via, h.dev) for h in r.nexthops] for r in new}
     index = {i.name: i.index for i in node.interfaces}
-    with nsutil.entered(node.namespace):
-        sock = rtnl.open_socket()
-    try:
-        batch = rtnl.Batch(sock)
-        for dst, hops in after.items():
-            if before.get(dst) != hops:
-                batch.add(rtnl.route_replace(dst, [(via, index[dev]) for via, dev in hops]),
-                          f"{node.name}: route {dst}")
-        for dst in before.keys() - after.keys():
-            batch.add(rtnl.route_del(dst), f"{node.name}: delete route {dst}")
-        changed = len(batch.messages)
-        try:
-            batch.commit()
-        except rtnl.NetlinkError as exc:
-            raise LabError(f"{exc.what} failed: {exc}") from None
-        return changed
-    finally:
-        sock.close()
+    requests = [(rtnl.route_replace(dst, [(via, index[dev]) for via, dev in hops]), f"{node.name}: route {dst}")
+                for dst, hops in after.items() if before.get(dst) != hops]
+    requests += [(rtnl.route_del(dst), f"{node.name}: delete route {dst}") for dst in before.keys() - after.keys()]
+    return commit_in(node.namespace, requests) if requests else 0

@@ -52,6 +52,18 @@ def entered(name: str):
         os.close(fd)
 
 
+@contextlib.contextmanager
+def netlink_socket(name: str):
+    """A NETLINK_ROUTE socket bound to namespace `name`, closed after the block."""
+    from labctl.backends import rtnl
+    with entered(name):
+        sock = rtnl.open_socket()
+    try:
+        yield sock
+    finally:
+        sock.close()
+
+
 def write_sysctls(values: dict[str, str]) -> None:
     """Write sysctls of the current namespace (/proc/sys/net follows the calling thread's namespace)."""
     for key, value in values.items():

@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import click
 from rich.table import Table
 
-from labctl.cli.base import SET_HELP, TEMPLATES_HELP, cli, err, out
+from labctl.cli.base import cli, out
 from labctl.errors import LabError
 
 @cli.command()

@@ -2,14 +2,11 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 import click
-from rich.table import Table
 
-from labctl.cli.base import SET_HELP, TEMPLATES_HELP, cli, err, out
-from labctl.errors import LabError
+from labctl.cli.base import cli
 
 @cli.command()
 @click.argument("workload", type=click.Path(dir_okay=False))

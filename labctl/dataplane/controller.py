@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from labctl.backends import nsutil, rtnl
-from labctl.dataplane import ecn, pfc, pfcport, qdepth, qos
+from labctl.dataplane import ecn, pfcport, qdepth, qos
 from labctl.dataplane.nft import Nft
 from labctl.plan.model import LabPlan, Node
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import socket
 import struct
-import time
 
 from labctl.backends import nsutil, rtnl
 from labctl.dataplane import pfc, qos

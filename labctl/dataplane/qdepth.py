@@ -55,44 +55,6 @@ def dump(sock: socket.socket, seq: int = 1) -> list[QueueStats]:
             off += rtnl._align(length)
 
 
-def backlogs(sock: socket.socket, wanted: set[tuple[int, int]], seq: int = 1) -> dict[tuple[int, int], int]:
-    """Backlog bytes of the (ifindex, handle major) queues in `wanted`, from one dump.
-
-    The controller's hot path: the tcmsg header (fixed offset) is checked first and every other
-    qdisc is skipped unparsed; for the wanted ones only the attributes up to TCA_STATS2 are walked.
-    """
-    unpack = struct.unpack_from
-    sock.sendall(struct.pack("IHHII", 16 + 20, RTM_GETQDISC, rtnl.NLM_F_REQUEST | rtnl.NLM_F_DUMP, seq, 0)
-                 + struct.pack("BxxxiIII", socket.AF_UNSPEC, 0, 0, 0, 0))
-    out: dict[tuple[int, int], int] = {}
-    while True:
-        data = sock.recv(1 << 20)
-        off, end = 0, len(data)
-        while off + 16 <= end:
-            length, kind = unpack("IH", data, off)
-            if kind == rtnl.NLMSG_DONE:
-                return out
-            if kind == rtnl.NLMSG_ERROR:
-                raise rtnl.NetlinkError(-unpack("i", data, off + 16)[0], "qdisc dump")
-            ifindex, handle = unpack("iI", data, off + 20)
-            key = (ifindex, handle >> 16)
-            if key in wanted:
-                a, stop = off + 36, off + length
-                while a + 4 <= stop:
-                    alen, atype = unpack("HH", data, a)
-                    if atype & 0x7FFF == TCA_STATS2:
-                        b, bstop = a + 4, a + alen
-                        while b + 4 <= bstop:
-                            blen, btype = unpack("HH", data, b)
-                            if btype == TCA_STATS_QUEUE:
-                                out[key] = unpack("I", data, b + 8)[0]  # qlen, backlog, ...
-                                break
-                            b += (blen + 3) & ~3
-                        break
-                    a += (alen + 3) & ~3
-            off += (length + 3) & ~3
-
-
 NLM_F_ECHO = 0x8
 
 
@@ -122,18 +84,25 @@ def backlogs_get(sock: socket.socket, request: tuple[bytes, list]) -> dict[tuple
                     raise rtnl.NetlinkError(code, "qdisc get")
                 off += (length + 3) & ~3
                 continue
-            a, stop = off + 36, off + length
-            while a + 4 <= stop:
-                alen, atype = unpack("HH", data, a)
-                if atype & 0x7FFF == TCA_STATS2:
-                    b, bstop = a + 4, a + alen
-                    while b + 4 <= bstop:
-                        blen, btype = unpack("HH", data, b)
-                        if btype == TCA_STATS_QUEUE:
-                            out[keys[seq]] = unpack("I", data, b + 8)[0]
-                            break
-                        b += (blen + 3) & ~3
-                    break
-                a += (alen + 3) & ~3
+            backlog = _backlog(data, off + 36, off + length)
+            if backlog is not None:
+                out[keys[seq]] = backlog
             off += (length + 3) & ~3
     return out
+
+
+def _backlog(data: bytes, a: int, stop: int) -> int | None:
+    """The backlog in a qdisc message's TCA_STATS2/TCA_STATS_QUEUE, walking only as far as needed."""
+    unpack = struct.unpack_from
+    while a + 4 <= stop:
+        alen, atype = unpack("HH", data, a)
+        if atype & 0x7FFF == TCA_STATS2:
+            b, bstop = a + 4, a + alen
+            while b + 4 <= bstop:
+                blen, btype = unpack("HH", data, b)
+                if btype == TCA_STATS_QUEUE:
+                    return unpack("I", data, b + 8)[0]  # after qlen
+                b += (blen + 3) & ~3
+            return None
+        a += (alen + 3) & ~3
+    return None

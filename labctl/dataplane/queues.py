@@ -1,18 +1,14 @@
 """What a lab's queues look like right now: per port and class, from qdisc dumps and the plan."""
 from __future__ import annotations
 
-from labctl.backends import nsutil, rtnl
+from labctl.backends import nsutil
 from labctl.dataplane import ecn, qdepth, qos
 from labctl.plan.model import LabPlan, Node
 
 
 def node_queues(plan: LabPlan, node: Node, iface: str | None = None) -> list[dict]:
-    with nsutil.entered(node.namespace):
-        sock = rtnl.open_socket()
-    try:
+    with nsutil.netlink_socket(node.namespace) as sock:
         stats = {(q.ifindex, q.handle >> 16): q for q in qdepth.dump(sock)}
-    finally:
-        sock.close()
     rows = []
     e = plan.ecn
     for i in node.interfaces:

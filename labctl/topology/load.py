@@ -11,7 +11,7 @@ from labctl.errors import InputError, Where
 from labctl.topology import templates as tpl
 from labctl.topology.check import check_topology
 from labctl.topology.schema import Topology
-from labctl.topology.yamlpos import SourceMap, dotted, load_yaml
+from labctl.topology.yamlpos import SourceMap, load_yaml
 
 TEMPLATE_LAB_KEYS = ("name", "description", "template", "vars")
 
