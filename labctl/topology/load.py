@@ -11,7 +11,7 @@ from labctl.errors import InputError, Where
 from labctl.topology import templates as tpl
 from labctl.topology.check import check_topology
 from labctl.topology.schema import Topology
-from labctl.topology.yamlpos import SourceMap, load_yaml
+from labctl.topology.yamlpos import SourceMap, load_yaml, load_yaml_file
 
 TEMPLATE_LAB_KEYS = ("name", "description", "template", "vars")
 
@@ -45,15 +45,7 @@ def render_topology(file: str | Path, sets=(), template_dirs=()) -> tuple[str, S
 def _render(file: str | Path, sets=(), template_dirs=()):
     """(text, its source map, template name or None, the parsed data), parsing each text once."""
     path = Path(file)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise InputError(Where(str(path)), f"cannot read the lab file: {exc.strerror}",
-                         "check the path (bundled labs are in topologies/)") from None
-    data, smap = load_yaml(text, str(path))
-    if not isinstance(data, dict):
-        raise InputError(Where(str(path), 1), "a lab file is a YAML mapping (name:, nodes:, links: ...)",
-                         "start from topologies/leaf-spine.yml")
+    text, data, smap = load_yaml_file(path, "lab file", "name:, nodes:, links:", "topologies/leaf-spine.yml")
     overrides = parse_sets(sets)
     if "template" not in data:
         if overrides:

@@ -56,6 +56,25 @@ def load_yaml(text: str, file: str) -> tuple[object, SourceMap]:
     return _convert(node, (), smap), smap
 
 
+def load_yaml_file(path, what: str, keys: str, example: str) -> tuple[str, dict, SourceMap]:
+    """Read an input file that must be a YAML mapping: (text, data, source map), or a located error.
+
+    `what` names the file for messages ("lab file"), `keys` hints at its top-level keys,
+    `example` is a bundled file to start from.
+    """
+    from pathlib import Path
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise InputError(Where(str(path)), f"cannot read the {what}: {exc.strerror}",
+                         f"check the path (e.g. {example})") from None
+    data, smap = load_yaml(text, str(path))
+    if not isinstance(data, dict):
+        raise InputError(Where(str(path), 1), f"a {what} is a YAML mapping ({keys} ...)", f"start from {example}")
+    return text, data, smap
+
+
 def _convert(node: yaml.Node, path: Path, smap: SourceMap) -> object:
     smap.lines.setdefault(path, node.start_mark.line + 1)
     if isinstance(node, yaml.MappingNode):

@@ -22,9 +22,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
-from labctl.errors import InputError, Where
+from labctl.errors import InputError
 from labctl.topology.load import _input_error
-from labctl.topology.yamlpos import load_yaml
+from labctl.topology.yamlpos import load_yaml_file
 from labctl.traffic import fsdp
 from labctl.traffic.schedule import COLLECTIVES
 from labctl.units import parse_duration_ns, parse_rate, parse_size
@@ -117,15 +117,7 @@ class LoadedWorkload:
 
 def load_workload(file: str | Path) -> LoadedWorkload:
     path = Path(file)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise InputError(Where(str(path)), f"cannot read the workload: {exc.strerror}",
-                         "bundled workloads are in workloads/") from None
-    data, smap = load_yaml(text, str(path))
-    if not isinstance(data, dict):
-        raise InputError(Where(str(path), 1), "a workload is a YAML mapping (name:, collective:, sizes: ...)",
-                         "start from workloads/allreduce.yml")
+    text, data, smap = load_yaml_file(path, "workload", "name:, collective:, sizes:", "workloads/allreduce.yml")
     try:
         w = Workload.model_validate(data)
     except ValidationError as exc:
