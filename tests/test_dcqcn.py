@@ -1,6 +1,7 @@
 """DCQCN reaction point on a simulated clock (no root)."""
 import pytest
 
+import dcqcn_fluid
 from labctl.traffic.dcqcn import Params, ReactionPoint
 
 LINE = 100e9
@@ -70,3 +71,28 @@ def test_dilation_scales_times_up_and_rates_down():
     p = Params().scaled(4000)
     assert p.alpha_period == pytest.approx(55e-6 * 4000) and p.rate_ai == pytest.approx(40e6 / 4000)
     assert p.byte_counter == 10_000_000
+
+
+# The lab's bundled fabric: 400G at dilation 4000, so 100 Mbit/s and 4000x slower clocks.
+LINE, DILATION = 100e6, 4000
+ACCELERATED = Params(rate_ai=4e9, rate_hai=20e9, g=1 / 16, alpha_period=10e-6, increase_period=10e-6,
+                     byte_counter=2_000_000, min_cut_interval=10e-6)
+
+
+@pytest.mark.parametrize("seed,second_start", [(1, 0.5), (2, 0.1), (3, 1.0), (4, 0.3)])
+def test_accelerated_dcqcn_shares_a_bottleneck_fairly_around_the_marking_band(seed, second_start):
+    """Steps of 1% of the line per 10 µs (as workloads/dcqcn-fair.yml sets them) converge within 20%
+    of an equal share in 30 s of lab time (7.5 ms of the real fabric), keeping the queue near Kmin."""
+    out = dcqcn_fluid.run(ACCELERATED, LINE, DILATION, 30.0, [0.0, second_start], seed=seed)
+    a, b = out.rates_bps
+    assert abs(a - b) / ((a + b) / 2) < 0.2, out
+    assert a + b > 0.9 * LINE, out
+    assert 100_000 < out.mean_depth < 1_600_000 and out.max_depth < 3_000_000, out
+
+
+def test_reference_dcqcn_steps_leave_a_400g_link_half_used_for_milliseconds():
+    """With the reference steps (40 Mbit/s per 55 µs, tuned for 40G) two flows cut to a quarter
+    each and recover by 0.01% of a 400G line per step: 12 s of lab time is 3 ms of real fabric."""
+    out = dcqcn_fluid.run(Params(), LINE, DILATION, 12.0, [0.0, 0.5])
+    assert sum(out.rates_bps) < 0.7 * LINE, out
+    assert out.mean_depth < 50_000, out

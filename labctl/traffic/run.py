@@ -95,6 +95,13 @@ def build_ops(plan: LabPlan, loaded: LoadedWorkload, ranks: list[int]) -> list[O
     return ops
 
 
+def dcqcn_params(o) -> Params:
+    """The reaction point's parameters in real-fabric units; the runner applies the dilation."""
+    return Params(rate_ai=o.dcqcn_rate_ai, rate_hai=o.dcqcn_rate_hai, g=o.dcqcn_g,
+                  alpha_period=o.dcqcn_timer * 1e-9, increase_period=o.dcqcn_timer * 1e-9,
+                  byte_counter=o.dcqcn_byte_counter, min_cut_interval=o.cnp_interval * 1e-9)
+
+
 def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Path, progress=None) -> dict:
     w = loaded.workload
     ranks = participants(plan, loaded)
@@ -103,7 +110,7 @@ def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Pa
     options = RunOptions(qps=w.options.qps, sport_policy=w.options.sport,
                          cnp_interval_us=w.options.cnp_interval / 1000 if w.options.cnp else None,
                          reliable=w.options.reliable, dcqcn=w.options.dcqcn,
-                         dcqcn_params=Params(rate_ai=w.options.dcqcn_rate_ai, rate_hai=w.options.dcqcn_rate_hai))
+                         dcqcn_params=dcqcn_params(w.options))
     alpha = w.options.alpha * 1e-9 * plan.dilation
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "workload.yml").write_text(loaded.text)

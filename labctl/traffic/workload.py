@@ -54,6 +54,10 @@ class Options(Strict):
         40_000_000, description="DCQCN additive increase step, real-fabric rate (default 40Mbit, DESIGN §6)")
     dcqcn_rate_hai: Annotated[int, BeforeValidator(parse_rate)] = Field(
         400_000_000, description="DCQCN hyper increase step, real-fabric rate (default 400Mbit)")
+    dcqcn_g: float = Field(1 / 256, gt=0, le=1, description="DCQCN α gain g (default 1/256)")
+    dcqcn_timer: Annotated[int, BeforeValidator(parse_duration_ns)] = Field(
+        55_000, description="DCQCN rate-increase and α timer, real-fabric time (default 55us)")
+    dcqcn_byte_counter: Size = Field(10_000_000, description="DCQCN byte counter (default 10MB)")
     reliable: bool = Field(False, description="go-back-N: NAK (syndrome 0x60) and resend, so loss shows as "
                                               "retransmissions instead of missing bytes")
     cnp_interval: Annotated[int, BeforeValidator(parse_duration_ns)] = Field(
