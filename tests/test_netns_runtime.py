@@ -75,3 +75,65 @@ def test_counters_show_each_class_traffic(built_lab, lab_name, state_dir):
     got = {c: leaf1_class(c) - before[c] for c in want}
     for c, n in want.items():
         assert n <= got[c] <= n + 3, got  # + a few ARP replies in the default class
+
+
+def labctl_cli(state_dir, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "labctl", *args], capture_output=True, text=True,
+                          env={**os.environ, "LABCTL_STATE_DIR": str(state_dir)})
+
+
+def test_tc_set_turns_pfc_off_and_on_at_runtime_and_the_queue_series_shows_it(built_lab, lab_name, state_dir,
+                                                                                tmp_path):
+    """The same 7:1 incast: lossless with PFC on (pauses in queues.csv), lossy after
+    `tc set --pfc off` on every switch (drops in queues.csv, at least the receivers' PSN gaps: a
+    message's lost tail leaves no gap behind it), lossless
+    again after `--pfc on`. Marks in queues.csv are the leaf's own nft counter of CE marks."""
+    import csv
+    from test_netns_pfc import FABRIC_ONLY, incast
+    require_root()
+    plan = built_lab(LEAF_SPINE, sets=FABRIC_ONLY)
+    switches = [n.name for n in plan.nodes if n.forwarding]
+
+    def run(tag: str) -> tuple[int, dict]:
+        doc = incast(plan, tmp_path / tag, ", cnp: true")
+        gaps = sum(q["gaps"] for c in doc["counters"].values() for q in c["rx"])
+        first: dict = {}
+        last: dict = {}
+        with open(tmp_path / tag / "run" / "queues.csv") as f:
+            for row in csv.DictReader(f):
+                first.setdefault((row["node"], row["port"], row["class"]), row)
+                last[(row["node"], row["port"], row["class"])] = row
+        roce = [k for k in last if k[2] == "roce"]   # counters are cumulative: what this run added
+        return gaps, {c: sum(float(last[k][c]) - float(first[k][c]) for k in roce)
+                      for c in ("drops", "ecn_marked", "pfc_tx", "pfc_rx")}
+
+    for tag, setting in (("on", None), ("off", "off"), ("again", "on")):
+        if setting:
+            for switch in switches:
+                r = labctl_cli(state_dir, "tc", "set", switch, "--pfc", setting, "--lab", lab_name)
+                assert r.returncode == 0 and "applied pfc" in r.stdout, r.stdout + r.stderr
+        (tmp_path / tag).mkdir()
+        gaps, series = run(tag)
+        if tag == "off":
+            assert 0 < gaps <= series["drops"] and series["pfc_tx"] == 0, (gaps, series)
+        else:
+            assert gaps == 0 and series["drops"] == 0 and series["pfc_tx"] > 0, (tag, gaps, series)
+            assert series["pfc_rx"] == series["pfc_tx"], (tag, series)   # every pause seen at the other end
+        assert series["ecn_marked"] > 0, (tag, series)
+    shown = json.loads(labctl_cli(state_dir, "tc", "show", "leaf1", "--json", "--lab", lab_name).stdout)
+    assert all(q["pfc"] for q in shown["queues"] if q["lossless"])
+
+
+def test_tc_set_ecn_thresholds_change_the_marking_and_bad_values_are_refused(built_lab, lab_name, state_dir):
+    require_root()
+    plan = built_lab(LEAF_SPINE)
+    r = labctl_cli(state_dir, "tc", "set", "leaf1:srv1-gpu0", "--kmin", "100KB", "--kmax", "50KB", "--lab", lab_name)
+    assert r.returncode != 0 and "kmin 100000 is above kmax 50000" in r.stderr, r.stderr
+    r = labctl_cli(state_dir, "tc", "set", "srv1-gpu0", "--kmin", "1KB", "--lab", lab_name)
+    assert r.returncode != 0 and "ECN settings apply to ECN classes on switches" in r.stderr, r.stderr
+    r = labctl_cli(state_dir, "tc", "set", "leaf1:srv1-gpu0", "--kmin", "100KB", "--kmax", "400KB", "--pmax", "0.5",
+                   "--lab", lab_name)
+    assert r.returncode == 0, r.stderr
+    shown = json.loads(labctl_cli(state_dir, "tc", "show", "leaf1:srv1-gpu0", "--json", "--lab", lab_name).stdout)
+    roce = next(q for q in shown["queues"] if q["class"] == "roce")
+    assert (roce["kmin"], roce["kmax"], roce["pmax"]) == (100_000, 400_000, 0.5)

@@ -33,14 +33,16 @@ def _target(spec: str, lab_name: str | None, need_iface: bool):
 def _queue_table(rows: list[dict], title: str) -> Table:
     t = Table(title=title)
     for col in ("node", "port", "class", "dscp", "rate / ceil", "buffer", "depth", "sent", "drops", "ECN p",
-                "PFC tx/rx", "paused"):
+                "CE marked", "PFC (XOFF)", "PFC tx/rx", "paused"):
         t.add_column(col)
     for r in rows:
+        pfc = "-" if not r["lossless"] else (f"on ({r['xoff_bytes'] // 1024} KiB)" if r["pfc"] else "off")
         t.add_row(r["node"], r["port"], f"{r['class']} (tc {r['tc']}{', lossless' if r['lossless'] else ''})",
                   ",".join(map(str, r["dscp"])) or "other", f"{format_rate(r['rate_bps'])} / "
                   f"{format_rate(r['ceil_bps'])}", f"{r['buffer_bytes'] // 1024} KiB", f"{r['depth_bytes']} B",
                   f"{r['sent_packets']} pkt", str(r["drops"]),
                   "-" if r["mark_probability"] is None else f"{r['mark_probability']:.3f}",
+                  str(r["ecn_marked"]) if r["ecn"] else "-", pfc,
                   f"{r['pfc_tx']}/{r['pfc_rx']}" if "pfc_tx" in r else "-",
                   f"{r['paused_s']:.3f} s" if "paused_s" in r else "-")
     return t
@@ -64,10 +66,12 @@ def tc_show(target, lab_name, as_json):
       sudo labctl tc show leaf1:spine1 --json
     """
     from labctl import lab as labmod
+    from labctl.dataplane import control
     from labctl.dataplane.queues import add_pfc, node_queues
     plan, node, iface = _target(target, lab_name, need_iface=False)
-    rows = node_queues(plan, node, iface)
-    add_pfc(rows, labmod.default_lab(lab_name or plan.lab).path)
+    lab_path = labmod.default_lab(lab_name or plan.lab).path
+    rows = node_queues(plan, node, iface, control.load(lab_path)["ports"])
+    add_pfc(rows, lab_path)
     if as_json:
         click.echo(json.dumps({"ecn": vars(plan.ecn), "queues": rows}, indent=1))
         return
@@ -75,26 +79,97 @@ def tc_show(target, lab_name, as_json):
                                  f"Kmax {plan.ecn.kmax} B, Pmax {plan.ecn.pmax}"))
 
 
+ON_OFF = click.Choice(["on", "off"])
+
+
 @tc.command("set")
-@click.argument("target", metavar="NODE:PORT")
-@click.option("--rate", required=True, help="the port's new rate in the lab, e.g. 50M (real rate = this x dilation)")
+@click.argument("target", metavar="NODE[:PORT]")
+@click.option("--rate", help="the port's new rate in the lab, e.g. 50M (real rate = this x dilation); needs a PORT")
+@click.option("--class", "class_name", help="only this class (default: every class the setting applies to)")
+@click.option("--ecn", type=ON_OFF, help="ECN marking on/off (switch ports, ECN-capable classes)")
+@click.option("--kmin", help="ECN: depth where marking starts, e.g. 200KB")
+@click.option("--kmax", help="ECN: depth where marking reaches Pmax, e.g. 800KB")
+@click.option("--pmax", type=float, help="ECN: marking probability at Kmax, 0..1")
+@click.option("--pfc", type=ON_OFF, help="PFC on/off for lossless classes (off: the class drops when full)")
+@click.option("--xoff", help="PFC: depth that pauses the feeding ports, e.g. 1MB")
+@click.option("--xon", help="PFC: depth that releases them again")
 @click.option("--lab", "lab_name", help="the lab (needed when several are up)")
-def tc_set(target, rate, lab_name):
-    """Change a port's rate at runtime (its classes keep their shares).
+def tc_set(target, rate, class_name, ecn, kmin, kmax, pmax, pfc, xoff, xon, lab_name):
+    """Change a port's rate, ECN thresholds or PFC while the lab runs.
+
+    Thresholds and on/off switches go to the lab's controller, which applies them within 10 ms;
+    `labctl tc show` shows what is in force. NODE alone changes every port of the node.
 
     \b
     Example:
-      sudo labctl tc set leaf1:spine1 --rate 50M    # halve an uplink: watch ECMP and ECN react
+      sudo labctl tc set leaf1:spine1 --rate 50M      # halve an uplink: watch ECMP and ECN react
+      sudo labctl tc set leaf1 --pfc off              # the lossy alternative: incast now drops
+      sudo labctl tc set leaf1:srv1-gpu0 --kmin 100KB --kmax 400KB --pmax 0.5
     """
+    from labctl import lab as labmod
     from labctl.dataplane.tcset import set_port_rate
-    plan, node, iface = _target(target, lab_name, need_iface=True)
-    try:
-        bps = parse_rate(rate)
-    except ValueError as exc:
-        raise LabError(f"--rate: {exc}") from None
-    set_port_rate(node, node.iface(iface), bps)
-    out.print(f"{node.name}:{iface} now shaped to {format_rate(bps)} "
-              f"({format_rate(bps * plan.dilation)} on the real fabric)", highlight=False)
+    from labctl.units import parse_size
+    plan, node, iface = _target(target, lab_name, need_iface=rate is not None)
+    changes = {}
+    for name, value, parse in (("kmin", kmin, parse_size), ("kmax", kmax, parse_size), ("xoff", xoff, parse_size),
+                               ("xon", xon, parse_size), ("pmax", pmax, float)):
+        if value is not None:
+            try:
+                changes[name] = parse(value)
+            except ValueError as exc:
+                raise LabError(f"--{name}: {exc}") from None
+    if ecn:
+        changes["ecn"] = ecn == "on"
+    if pfc:
+        changes["pfc"] = pfc == "on"
+    if rate is None and not changes:
+        raise LabError("nothing to change", "give --rate, --ecn, --kmin/--kmax/--pmax, --pfc or --xoff/--xon")
+    if rate is not None:
+        try:
+            bps = parse_rate(rate)
+        except ValueError as exc:
+            raise LabError(f"--rate: {exc}") from None
+        set_port_rate(node, node.iface(iface), bps)
+        out.print(f"{node.name}:{iface} now shaped to {format_rate(bps)} "
+                  f"({format_rate(bps * plan.dilation)} on the real fabric)", highlight=False)
+    if changes:
+        _send_control(labmod.default_lab(lab_name or plan.lab).path, plan, node, iface, class_name, changes)
+
+
+def _send_control(lab_path, plan, node, iface, class_name, changes: dict) -> None:
+    from labctl.dataplane import control
+    ecn_keys, pfc_keys = {"ecn", "kmin", "kmax", "pmax"}, {"pfc", "xoff", "xon"}
+    overrides = control.load(lab_path)["ports"]
+    picked = {}
+    for i in node.interfaces:
+        if iface and i.name != iface:
+            continue
+        for c in i.shaping.classes:
+            if class_name and c.name != class_name:
+                continue
+            wanted = {k: v for k, v in changes.items()
+                      if (k in ecn_keys and c.ecn and node.forwarding) or (k in pfc_keys and c.lossless)}
+            if not wanted:
+                continue
+            st = control.settings_for(plan, node, i, c, overrides)
+            for k, v in wanted.items():
+                setattr(st, k, v)
+            try:
+                st.validate(f"{node.name}:{i.name} class {c.name}")
+            except ValueError as exc:
+                raise LabError(str(exc), "give both thresholds so that low <= high") from None
+            picked[control.key(node.name, i.name, c.tc)] = wanted
+    if not picked:
+        classes = sorted({c.name for i in node.interfaces for c in i.shaping.classes})
+        raise LabError(f"no class on {node.name}{':' + iface if iface else ''} takes {sorted(changes)}",
+                       "ECN settings apply to ECN classes on switches, PFC settings to lossless classes; "
+                       f"classes here: {', '.join(classes)}")
+    generation = control.merge(lab_path, picked)
+    if not control.wait_applied(lab_path, generation):
+        raise LabError("the lab's controller did not confirm the change within 2 s",
+                       "is the lab up? `labctl status` shows the controller; `labctl down` and `up` restart it")
+    out.print(f"applied {', '.join(f'{k}={v}' for k, v in changes.items())} to {len(picked)} port class(es) "
+              f"on {node.name}{':' + iface if iface else ''}", highlight=False)
 
 
 @cli.command()

@@ -5,11 +5,16 @@ with a netlink socket and an nftables context inside each forwarding node's name
 1 kHz while any controlled queue holds packets and at 100 Hz when all are empty: with time
 dilation D a 1 kHz loop stands for a 1/D ms one on the real fabric.
 
+Settings changed at runtime (`labctl tc set`) arrive through control.json (see control.py).
+Counters (PFC frames, paused time, applied generation) go to pfc.json whenever they change, at
+most every 10 ms, so a 100 Hz sampler sees every step.
+
     python -m labctl.dataplane.controller LAB_DIR
 """
 from __future__ import annotations
 
 import json
+import os
 import select
 import sys
 import time
@@ -17,12 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from labctl.backends import nsutil, rtnl
-from labctl.dataplane import ecn, pfcport, qdepth, qos
+from labctl.dataplane import control, ecn, pfcport, qdepth, qos
 from labctl.dataplane.nft import Nft
 from labctl.plan.model import LabPlan, Node
 
 FAST, IDLE = 0.001, 0.01
-COUNTERS_EVERY = 0.2
+COUNTERS_EVERY, COUNTERS_AT_LEAST = 0.01, 1.0
 
 
 @dataclass
@@ -30,7 +35,7 @@ class Switch:
     node: Node
     sock: object
     nft: Nft | None
-    ecn_ports: dict[tuple[int, int], int] = field(default_factory=dict)  # (ifindex, leaf major) -> tc
+    ecn_ports: dict[tuple[int, int], tuple] = field(default_factory=dict)  # (ifindex, leaf major) -> (tc, settings)
     marking: dict[tuple[int, int], int] = field(default_factory=dict)    # (ifindex, tc) -> N
     wanted: set = field(default_factory=set)
     pfc: dict = field(default_factory=dict)       # (ifindex, leaf major) -> pfcport.Port
@@ -39,9 +44,14 @@ class Switch:
 
 
 class Controller:
-    def __init__(self, plan: LabPlan, counters_file: Path | None = None):
+    def __init__(self, plan: LabPlan, lab_dir: Path | None = None):
         self.plan = plan
-        self.counters_file = counters_file
+        self.lab_dir = lab_dir
+        self.counters_file = lab_dir / "pfc.json" if lab_dir else None
+        self.control_mtime = 0.0
+        self.generation = 0
+        self.last_written: tuple = ()
+        self.classes = {}   # (node, ifindex, tc) -> (node, iface, cls), for applying control.json
         self.switches: list[Switch] = []
         self.pfc_ports: list[pfcport.Port] = []
         macs = {(n.name, i.name): i.mac for n in plan.nodes for i in n.interfaces}
@@ -56,37 +66,70 @@ class Controller:
             sw = Switch(node, sock, Nft(node.namespace) if ports else None)
             if ports:
                 sw.nft.run(ecn.setup_rules(ports))
+            for i in node.interfaces:
+                for c in i.shaping.classes:
+                    self.classes[(node.name, i.index, c.tc)] = (node, i, c)
             for ifindex, tc, _ in ports:
-                sw.ecn_ports[(ifindex, (qos.leaf_handle(tc) >> 16))] = tc
+                sw.ecn_ports[(ifindex, (qos.leaf_handle(tc) >> 16))] = (tc, self._settings({}, node.name, ifindex, tc))
                 sw.marking[(ifindex, tc)] = 0
             for i, c in lossless:
-                port = pfcport.Port(node, i, c, macs[(i.peer_node, i.peer_iface)], sock)
+                port = pfcport.Port(node, i, c, macs[(i.peer_node, i.peer_iface)], sock,
+                                    self._settings({}, node.name, i.index, c.tc))
                 sw.pfc[(i.index, qos.leaf_handle(c.tc) >> 16)] = port
                 self.pfc_ports.append(port)
             sw.wanted = set(sw.ecn_ports) | (set(sw.pfc) if node.forwarding else set())
             sw.request = qdepth.get_requests(sw.wanted)
             self.switches.append(sw)
 
+    def _settings(self, overrides: dict, node: str, ifindex: int, tc: int) -> control.PortSettings:
+        n, i, c = self.classes[(node, ifindex, tc)]
+        return control.settings_for(self.plan, n, i, c, overrides)
+
+    def check_control(self) -> None:
+        """Apply control.json when it changed (one stat per loop)."""
+        if self.lab_dir is None:
+            return
+        try:
+            mtime = os.stat(self.lab_dir / control.FILE).st_mtime
+        except OSError:
+            return
+        if mtime == self.control_mtime:
+            return
+        self.control_mtime = mtime
+        doc = control.load(self.lab_dir)
+        now = time.monotonic()
+        for sw in self.switches:
+            for key, (tc, _) in list(sw.ecn_ports.items()):
+                sw.ecn_ports[key] = (tc, self._settings(doc["ports"], sw.node.name, key[0], tc))
+            for port in sw.pfc.values():
+                port.settings = self._settings(doc["ports"], sw.node.name, port.iface.index, port.cls.tc)
+                if not port.settings.pfc:
+                    port.over_xoff = False
+                    if port.state.paused_until:
+                        port.resume(now)        # PFC off: stop obeying the pause we hold
+        self.generation = doc["generation"]
+
     def poll(self, sw: Switch) -> bool:
         """One control step for one node; True if any controlled queue holds packets."""
         busy = False
-        e = self.plan.ecn
         now = time.monotonic()
         congested = False
         backlogs = qdepth.backlogs_get(sw.sock, sw.request) if sw.wanted else {}
         for key, backlog in backlogs.items():
             busy = busy or backlog > 0
-            tc = sw.ecn_ports.get(key)
-            if tc is not None:
-                n = ecn.threshold(ecn.probability(backlog, e.kmin, e.kmax, e.pmax)) if backlog >= e.kmin else 0
+            marking = sw.ecn_ports.get(key)
+            if marking is not None:
+                tc, st = marking
+                n = ecn.threshold(ecn.probability(backlog, st.kmin, st.kmax, st.pmax)) \
+                    if st.ecn and backlog >= st.kmin else 0
                 if n != sw.marking[(key[0], tc)]:
                     sw.nft.run(ecn.chain_rules(key[0], tc, n))
                     sw.marking[(key[0], tc)] = n
             port = sw.pfc.get(key)
-            if port is not None:
-                if backlog > port.cls.xoff_bytes:
+            if port is not None and port.settings.pfc:
+                if backlog > port.settings.xoff:
                     port.over_xoff = True
-                elif backlog < port.cls.xon_bytes:
+                elif backlog < port.settings.xon:
                     port.over_xoff = False
                 congested = congested or port.over_xoff
         if sw.node.forwarding and sw.pfc:
@@ -102,33 +145,40 @@ class Controller:
     def _assert_pfc(sw: Switch, congested: bool, now: float) -> None:
         """Pause every feeding port while any lossless egress queue is past XOFF; XON below XON."""
         for port in sw.pfc.values():
-            quanta = port.state.decide(congested and not port.over_xoff, now, port.iface.shaping.rate_bps,
-                                       port.cls.pfc_quanta)
+            wanted = congested and not port.over_xoff and port.settings.pfc
+            quanta = port.state.decide(wanted, now, port.iface.shaping.rate_bps, port.cls.pfc_quanta)
             if quanta is not None:
                 port.send_pfc(quanta, now)
 
-    def write_counters(self) -> None:
+    def write_counters(self, now: float, force: bool = False) -> None:
+        """pfc.json, when a counter or the applied generation changed (or `force`)."""
         if self.counters_file is None:
             return
-        now = time.monotonic()
-        data = {"time": now, "ports": [p.counters(now) for p in self.pfc_ports]}
+        ports = [p.counters(now) for p in self.pfc_ports]
+        summary = (self.generation, tuple((p["pfc_tx"], p["pfc_rx"], p["paused"]) for p in ports))
+        if summary == self.last_written and not any(p["paused"] for p in ports) and not force:
+            return
+        self.last_written = summary
         tmp = self.counters_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data))
+        tmp.write_text(json.dumps({"time": now, "generation": self.generation, "ports": ports}))
         tmp.replace(self.counters_file)
 
     def run(self, stop_when_gone: bool = True) -> None:
-        last_counters = 0.0
+        last_counters = last_forced = 0.0
         while True:
             start = time.monotonic()
+            self.check_control()
             try:
                 busy = any([self.poll(sw) for sw in self.switches])
             except (OSError, rtnl.NetlinkError):
                 if stop_when_gone and not any(nsutil.exists(sw.node.namespace) for sw in self.switches):
                     return  # the lab is gone
                 raise
-            if start - last_counters > COUNTERS_EVERY:
-                self.write_counters()
+            if start - last_counters >= COUNTERS_EVERY:
+                force = start - last_forced >= COUNTERS_AT_LEAST
+                self.write_counters(start, force)
                 last_counters = start
+                last_forced = start if force else last_forced
             delay = (FAST if busy else IDLE) - (time.monotonic() - start)
             if delay > 0:
                 # wake at once when a PFC frame arrives on any port
@@ -143,7 +193,7 @@ def needed(plan: LabPlan) -> bool:
 def main() -> None:
     lab_dir = Path(sys.argv[1])
     plan = LabPlan.from_dict(json.loads((lab_dir / "plan.json").read_text()))
-    ctl = Controller(plan, lab_dir / "pfc.json")
+    ctl = Controller(plan, lab_dir)
     print("ready", flush=True)
     ctl.run()
 

@@ -26,15 +26,21 @@ def chain_name(ifindex: int, tc: int) -> str:
     return f"ecn_{ifindex}_{tc}"
 
 
+def counter_name(ifindex: int, tc: int) -> str:
+    """The named nft counter of the packets this port's class marked CE (read by nftcounters)."""
+    return f"ce_{ifindex}_{tc}"
+
+
 def chain_rules(ifindex: int, tc: int, n: int) -> str:
     """The nftables commands that set a port's class to mark with probability n/65536."""
     chain = chain_name(ifindex, tc)
+    count = f'counter name "{counter_name(ifindex, tc)}"'
     cmds = [f"flush chain ip labctl {chain}"]
     if n >= SCALE:
-        cmds.append(f"add rule ip labctl {chain} ip ecn {{ ect0, ect1 }} ip ecn set ce")
+        cmds.append(f"add rule ip labctl {chain} ip ecn {{ ect0, ect1 }} ip ecn set ce {count}")
     elif n > 0:
         cmds.append(f"add rule ip labctl {chain} ip ecn {{ ect0, ect1 }} numgen random mod {SCALE} < {n} "
-                    f"ip ecn set ce")
+                    f"ip ecn set ce {count}")
     return "\n".join(cmds) + "\n"
 
 
@@ -43,6 +49,7 @@ def setup_rules(ports: list[tuple[int, int, int]]) -> str:
     cmds = []
     for ifindex, tc, minor in ports:
         chain = chain_name(ifindex, tc)
+        cmds.append(f"add counter ip labctl {counter_name(ifindex, tc)}")
         cmds.append(f"add chain ip labctl {chain}")
         cmds.append(f"add rule ip labctl classify oif {ifindex} meta priority 1:{minor:x} jump {chain}")
     return "\n".join(cmds) + "\n"

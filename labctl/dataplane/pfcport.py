@@ -22,8 +22,9 @@ CHANGE = rtnl.NLM_F_REQUEST | rtnl.NLM_F_ACK
 
 
 class Port:
-    def __init__(self, node: Node, iface: Interface, cls: ClassPlan, peer_mac: str, nl: socket.socket):
+    def __init__(self, node: Node, iface: Interface, cls: ClassPlan, peer_mac: str, nl: socket.socket, settings):
         self.node, self.iface, self.cls, self.peer_mac, self.nl = node, iface, cls, peer_mac, nl
+        self.settings = settings    # control.PortSettings: PFC on/off, XOFF/XON as changed at runtime
         self.state = pfc.PortPfc(cls.tc)
         self.over_xoff = False
         with nsutil.entered(node.namespace):
@@ -59,6 +60,9 @@ class Port:
                 continue
             classes = pfc.parse(data)
             if not classes or self.cls.tc not in classes:
+                continue
+            if not self.settings.pfc:
+                self.state.rx_frames += 1   # counted, not obeyed: PFC is off for this class here
                 continue
             action = self.state.on_frame(classes[self.cls.tc], now, self.iface.shaping.rate_bps)
             if action == "pause":

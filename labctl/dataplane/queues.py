@@ -1,47 +1,59 @@
 """What a lab's queues look like right now: per port and class, from qdisc dumps and the plan."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from labctl.backends import nsutil
-from labctl.dataplane import ecn, qdepth, qos
+from labctl.dataplane import control, ecn, nftcounters, qdepth, qos
 from labctl.plan.model import LabPlan, Node
+from labctl.telemetry.sampler import read_marks
 
 
-def node_queues(plan: LabPlan, node: Node, iface: str | None = None) -> list[dict]:
+def node_queues(plan: LabPlan, node: Node, iface: str | None = None, overrides: dict | None = None) -> list[dict]:
+    """Per port and class: the plan's settings (with runtime `overrides` from control.json) and live stats."""
     with nsutil.netlink_socket(node.namespace) as sock:
         stats = {(q.ifindex, q.handle >> 16): q for q in qdepth.dump(sock)}
+    with nsutil.entered(node.namespace):
+        nft_sock = nftcounters.open_socket()
+    try:
+        marks = read_marks(nft_sock)
+    finally:
+        nft_sock.close()
     rows = []
-    e = plan.ecn
     for i in node.interfaces:
         if iface and i.name != iface:
             continue
         for c in i.shaping.classes:
             q = stats.get((i.index, qos.leaf_handle(c.tc) >> 16))
             depth = q.backlog if q else 0
+            st = control.settings_for(plan, node, i, c, overrides or {})
             rows.append({"node": node.name, "port": i.name, "class": c.name, "tc": c.tc, "dscp": c.dscp,
                          "rate_bps": c.rate_bps, "ceil_bps": i.shaping.rate_bps, "prio": c.prio,
-                         "buffer_bytes": c.buffer_bytes, "lossless": c.lossless, "ecn": c.ecn,
+                         "buffer_bytes": c.buffer_bytes, "lossless": c.lossless, "ecn": st.ecn, "pfc": st.pfc,
+                         "kmin": st.kmin, "kmax": st.kmax, "pmax": st.pmax,
+                         "xoff_bytes": st.xoff if c.lossless else None, "xon_bytes": st.xon if c.lossless else None,
                          "depth_bytes": depth, "packets_queued": q.qlen if q else 0,
                          "sent_bytes": q.bytes if q else 0, "sent_packets": q.packets if q else 0,
                          "drops": q.drops if q else 0,
-                         "mark_probability": ecn.probability(depth, e.kmin, e.kmax, e.pmax)
-                         if c.ecn and node.forwarding else None})
+                         "ecn_marked": marks.get(ecn.counter_name(i.index, c.tc), 0),
+                         "mark_probability": ecn.probability(depth, st.kmin, st.kmax, st.pmax) if st.ecn else None})
     return rows
 
 
 def lab_queues(plan: LabPlan, lab_path=None) -> list[dict]:
-    """Every port and class; with the lab directory, PFC counters (from the controller) too."""
+    """Every port and class; with the lab directory, runtime settings and PFC counters too."""
     rows = []
+    overrides = control.load(lab_path)["ports"] if lab_path is not None else {}
     for node in plan.nodes:
         if nsutil.exists(node.namespace):
-            rows += node_queues(plan, node)
+            rows += node_queues(plan, node, overrides=overrides)
     if lab_path is not None:
         add_pfc(rows, lab_path)
     return rows
 
 
 def add_pfc(rows: list[dict], lab_path) -> None:
-    import json
-    from pathlib import Path
     f = Path(lab_path) / "pfc.json"
     try:
         ports = {(p["node"], p["port"], p["tc"]): p for p in json.loads(f.read_text())["ports"]}

@@ -1,33 +1,68 @@
 """Per-port, per-class queue time series during a run, at 100 Hz or more, into queues.csv.
 
 Columns: t_s (lab seconds since the sampler started), node, port, class, tc, depth_bytes,
-sent_bytes, sent_packets, drops (cumulative counters of that class's queue). A row is written
-when any of them changed since the queue's previous row, so idle queues cost nothing.
+sent_bytes, sent_packets, drops (cumulative counters of that class's queue), ecn_marked (packets
+this port's class marked CE, cumulative, from the marking rule's nft counter), pfc_tx, pfc_rx
+(PFC frames sent / received on this port for this class) and paused_s (time this class was held
+by pauses from the neighbour). PFC columns come from the controller's pfc.json, which it rewrites
+within 10 ms of a change. A row is written when any column changed since the queue's previous
+row, so idle queues cost nothing.
 """
 from __future__ import annotations
 
 import csv
+import json
+import os
 import threading
 import time
 from pathlib import Path
 
 from labctl.backends import nsutil, rtnl
-from labctl.dataplane import qdepth, qos
+from labctl.dataplane import ecn, nftcounters, qdepth, qos
 from labctl.plan.model import LabPlan
 
-COLUMNS = ("t_s", "node", "port", "class", "tc", "depth_bytes", "sent_bytes", "sent_packets", "drops")
+COLUMNS = ("t_s", "node", "port", "class", "tc", "depth_bytes", "sent_bytes", "sent_packets", "drops",
+           "ecn_marked", "pfc_tx", "pfc_rx", "paused_s")
+
+
+def read_marks(sock) -> dict[str, int]:
+    """CE-marked packets per nft counter name; {} where the node marks nothing (no labctl table)."""
+    try:
+        return {name: packets for name, (packets, _) in nftcounters.read(sock).items()}
+    except rtnl.NetlinkError:
+        return {}
+
+
+class PfcFile:
+    """The controller's pfc.json, re-read only when it changed."""
+    def __init__(self, path: Path | None):
+        self.path, self.mtime, self.ports = path, 0.0, {}
+
+    def get(self) -> dict[tuple[str, str, int], dict]:
+        if self.path is None:
+            return self.ports
+        try:
+            mtime = os.stat(self.path).st_mtime
+            if mtime != self.mtime:
+                self.ports = {(p["node"], p["port"], p["tc"]): p for p in json.loads(self.path.read_text())["ports"]}
+                self.mtime = mtime
+        except (OSError, ValueError, KeyError):
+            pass
+        return self.ports
 
 
 class QueueSampler:
-    def __init__(self, plan: LabPlan, path: Path, hz: float = 200.0):
+    def __init__(self, plan: LabPlan, path: Path, hz: float = 200.0, lab_path: Path | None = None):
         self.plan, self.path, self.period = plan, path, 1.0 / hz
+        self.pfc = PfcFile(Path(lab_path) / "pfc.json" if lab_path else None)
         self.names: dict[tuple[str, int, int], tuple[str, str, int]] = {}
         self.socks = []
         for node in plan.nodes:
             if not nsutil.exists(node.namespace):
                 continue
+            marks = node.forwarding and any(c.ecn for i in node.interfaces for c in i.shaping.classes)
             with nsutil.entered(node.namespace):
-                self.socks.append((node.name, rtnl.open_socket()))
+                self.socks.append((node.name, rtnl.open_socket(), nftcounters.open_socket() if marks else None))
             for i in node.interfaces:
                 for c in i.shaping.classes:
                     self.names[(node.name, i.index, qos.leaf_handle(c.tc) >> 16)] = (i.name, c.name, c.tc)
@@ -49,13 +84,17 @@ class QueueSampler:
             next_t = t0
             while not self.stop.is_set():
                 t = time.monotonic() - t0
-                for node, sock in self.socks:
+                pfc = self.pfc.get()
+                for node, sock, nft_sock in self.socks:
+                    marks = read_marks(nft_sock) if nft_sock else {}
                     for q in qdepth.dump(sock):
                         key = (node, q.ifindex, q.handle >> 16)
                         name = self.names.get(key)
                         if name is None:
                             continue
-                        row = (q.backlog, q.bytes, q.packets, q.drops)
+                        p = pfc.get((node, name[0], name[2]))
+                        row = (q.backlog, q.bytes, q.packets, q.drops, marks.get(ecn.counter_name(q.ifindex, name[2]), 0),
+                               *((p["pfc_tx"], p["pfc_rx"], p["paused_s"]) if p else (0, 0, 0.0)))
                         if last.get(key) != row:
                             last[key] = row
                             w.writerow((f"{t:.4f}", node, name[0], name[1], name[2], *row))
@@ -71,7 +110,9 @@ class QueueSampler:
     def close(self) -> dict:
         self.stop.set()
         self.thread.join(timeout=5)
-        for _, sock in self.socks:
+        for _, sock, nft_sock in self.socks:
             sock.close()
+            if nft_sock:
+                nft_sock.close()
         return {"file": self.path.name, "samples": self.samples, "seconds": round(self.duration, 3),
                 "rate_hz": round(self.samples / self.duration, 1) if self.duration else 0.0}

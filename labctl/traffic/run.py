@@ -117,7 +117,7 @@ def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Pa
     (out_dir / "plan.json").write_text(json.dumps(plan.to_dict()))
     results = []
     pool = AgentPool(plan, lab, ranks, options)
-    sampler = QueueSampler(plan, out_dir / "queues.csv").start()
+    sampler = QueueSampler(plan, out_dir / "queues.csv", lab_path=lab.path).start()
     try:
         for k, op in enumerate(ops):
             ideal = ideal_seconds(plan, op.schedule, nodes, alpha)

@@ -1,0 +1,69 @@
+"""Named nftables counters read over raw nfnetlink: one dump per namespace, ~50 µs.
+
+libnftables lists counters as JSON in about a millisecond per call, too slow for a controller
+that reads every switch a hundred times a second; the dump is one NFT_MSG_GETOBJ message.
+"""
+from __future__ import annotations
+
+import socket
+import struct
+
+from labctl.backends import rtnl
+
+NETLINK_NETFILTER = 12
+NFNL_SUBSYS_NFTABLES, NFT_MSG_GETOBJ = 10, 19
+NLM_F_DUMP = 0x300
+NLMSG_DONE = 3
+NFPROTO_IPV4 = 2
+NFTA_OBJ_TABLE, NFTA_OBJ_NAME, NFTA_OBJ_TYPE, NFTA_OBJ_DATA = 1, 2, 3, 4
+NFT_OBJECT_COUNTER = 1
+NFTA_COUNTER_BYTES, NFTA_COUNTER_PACKETS = 1, 2
+
+
+def open_socket() -> socket.socket:
+    """A NETLINK_NETFILTER socket in the calling thread's current namespace."""
+    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+    sock.bind((0, 0))
+    return sock
+
+
+def dump_request(table: str, seq: int = 1) -> bytes:
+    body = (struct.pack("BBH", NFPROTO_IPV4, 0, 0) + rtnl.attr(NFTA_OBJ_TABLE, rtnl.cstr(table))
+            + rtnl.attr(NFTA_OBJ_TYPE, struct.pack("!I", NFT_OBJECT_COUNTER)))
+    kind = (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETOBJ
+    return struct.pack("IHHII", 16 + len(body), kind, rtnl.NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + body
+
+
+def parse(data: bytes) -> tuple[dict[str, tuple[int, int]], bool]:
+    """(name -> (packets, bytes)) from one recv of a dump, and whether the dump is done."""
+    out: dict[str, tuple[int, int]] = {}
+    off = 0
+    while off + 16 <= len(data):
+        length, kind, _flags, _seq, _pid = struct.unpack_from("IHHII", data, off)
+        if kind == NLMSG_DONE:
+            return out, True
+        if kind == rtnl.NLMSG_ERROR:
+            code = struct.unpack_from("i", data, off + 16)[0]
+            if code:
+                raise rtnl.NetlinkError(-code, "nft counter dump")
+            return out, True
+        attrs = rtnl.parse_attrs(data[off:off + length], 16 + 4)
+        name = attrs.get(NFTA_OBJ_NAME, b"").rstrip(b"\0").decode()
+        inner = rtnl.parse_attrs(attrs.get(NFTA_OBJ_DATA, b""), 0)
+        if name and NFTA_COUNTER_PACKETS in inner:
+            out[name] = (struct.unpack("!Q", inner[NFTA_COUNTER_PACKETS])[0],
+                         struct.unpack("!Q", inner[NFTA_COUNTER_BYTES])[0])
+        off += (length + 3) & ~3
+    return out, False
+
+
+def read(sock: socket.socket, table: str = "labctl") -> dict[str, tuple[int, int]]:
+    """Every named counter of `table` (family ip): name -> (packets, bytes)."""
+    sock.sendall(dump_request(table))
+    out: dict[str, tuple[int, int]] = {}
+    while True:
+        part, done = parse(sock.recv(1 << 16))
+        out.update(part)
+        if done:
+            return out
