@@ -111,3 +111,21 @@ def test_congestion_spreads_to_a_victim_that_only_shares_an_upstream_port(built_
     finally:
         pool.close()
     assert spread > 1.3 * alone, f"victim alone {alone:.2f} s, beside the incast with PFC {spread:.2f} s"
+
+
+def test_a_shared_buffer_pauses_earlier_than_the_port_xoff(built_lab, tmp_path):
+    """qos.shared_buffer 2 MB (alpha 1) per switch: the incast queue on leaf1 pauses its feeders once
+    it holds about half of what is free, ~1 MB, well below its own XOFF; still lossless."""
+    import csv
+    require_root()
+    plan = built_lab(LEAF_SPINE, sets=FABRIC_ONLY + ["shared_buffer=2MB"])
+    assert plan.shared_buffer and plan.shared_buffer.bytes == 2_000_000
+    xoff = next(c for c in plan.node("leaf1").iface("srv1-gpu0").shaping.classes if c.lossless).xoff_bytes
+    doc = incast(plan, tmp_path)
+    rx = [q for c in doc["counters"].values() for q in c["rx"]]
+    with open(tmp_path / "run" / "queues.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r["class"] == "roce"]
+    deepest = max(int(r["depth_bytes"]) for r in rows if (r["node"], r["port"]) == ("leaf1", "srv1-gpu0"))
+    drops = sum(int(r["drops"]) for r in rows)
+    assert sum(q["gaps"] for q in rx) == 0 and drops == 0
+    assert 0.6 * 1_000_000 < deepest < 0.6 * xoff, (deepest, xoff)

@@ -59,3 +59,11 @@ def test_headroom_grows_with_feeders_rate_and_distance():
     assert one == 2 * 12_500_000 * 0.02 + 2 * 9014
     assert headroom(100_000_000, 3, 0, 9014) > 2.9 * one - 2 * 9014 * 2
     assert headroom(100_000_000, 1, 10_000_000, 9014) > one  # 10 ms of (dilated) propagation
+
+
+def test_a_shared_buffer_lowers_xoff_as_it_fills():
+    # alpha 1, 2 MB shared: a lone queue pauses at half of it, a busier switch earlier, never past XOFF
+    assert pfc.dynamic_xoff(2_600_000, 2_000_000, 1.0, used=0) == 2_000_000
+    assert pfc.dynamic_xoff(2_600_000, 2_000_000, 1.0, used=1_000_000) == 1_000_000
+    assert pfc.dynamic_xoff(2_600_000, 2_000_000, 1.0, used=2_500_000) == 0
+    assert pfc.dynamic_xoff(500_000, 2_000_000, 8.0, used=1_000_000) == 500_000

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from labctl.backends import nsutil, rtnl
-from labctl.dataplane import control, ecn, pfcport, qdepth, qos
+from labctl.dataplane import control, ecn, pfc, pfcport, qdepth, qos
 from labctl.dataplane.nft import Nft
 from labctl.plan.model import LabPlan, Node
 
@@ -115,6 +115,8 @@ class Controller:
         now = time.monotonic()
         congested = False
         backlogs = qdepth.backlogs_get(sw.sock, sw.request) if sw.wanted else {}
+        shared = self.plan.shared_buffer if sw.node.forwarding else None
+        used = sum(backlogs.get(key, 0) for key in sw.pfc) if shared else 0
         for key, backlog in backlogs.items():
             busy = busy or backlog > 0
             marking = sw.ecn_ports.get(key)
@@ -127,9 +129,13 @@ class Controller:
                     sw.marking[(key[0], tc)] = n
             port = sw.pfc.get(key)
             if port is not None and port.settings.pfc:
-                if backlog > port.settings.xoff:
+                xoff, xon = port.settings.xoff, port.settings.xon
+                if shared:
+                    xoff = pfc.dynamic_xoff(xoff, shared.bytes, shared.alpha, used)
+                    xon = min(xon, xoff - (port.settings.xoff - port.settings.xon))
+                if backlog > xoff:
                     port.over_xoff = True
-                elif backlog < port.settings.xon:
+                elif backlog < xon:
                     port.over_xoff = False
                 congested = congested or port.over_xoff
         if sw.node.forwarding and sw.pfc:

@@ -41,6 +41,13 @@ def parse(data: bytes) -> dict[int, int] | None:
     return {tc: times[tc] for tc in range(8) if vector >> tc & 1}
 
 
+def dynamic_xoff(static_xoff: int, shared: int, alpha: float, used: int) -> int:
+    """XOFF under a shared buffer (the dynamic threshold of shared-memory switches): a queue may
+    grow to alpha x the buffer still free, so one hot port cannot take it all, and never past its
+    own XOFF. With alpha 1 a lone congested queue pauses at half the shared buffer."""
+    return min(static_xoff, int(alpha * max(0, shared - used)))
+
+
 def pause_seconds(quanta: int, rate_bps: int) -> float:
     return quanta * QUANTUM_BITS / rate_bps
 

@@ -141,7 +141,9 @@ def compile_plan(loaded: Loaded) -> model.LabPlan:
     _add_routes(nodes, links, fabrics)
     e = topo.qos.ecn
     return model.LabPlan(topo.name, topo.description.strip(), topo.dilation, loaded.template, fabrics,
-                         list(nodes.values()), links, model.EcnPlan(e.kmin, e.kmax, e.pmax))
+                         list(nodes.values()), links, model.EcnPlan(e.kmin, e.kmax, e.pmax),
+                         model.SharedBuffer(topo.qos.shared_buffer, topo.qos.shared_alpha)
+                         if topo.qos.shared_buffer else None)
 
 
 def _number_ranks(nodes: dict[str, model.Node]) -> None:

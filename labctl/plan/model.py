@@ -110,6 +110,13 @@ class EcnPlan:
 
 
 @dataclass
+class SharedBuffer:
+    """Each switch's buffer shared by its lossless queues, with a dynamic XOFF (pfc.dynamic_xoff)."""
+    bytes: int
+    alpha: float
+
+
+@dataclass
 class LabPlan:
     lab: str
     description: str
@@ -119,6 +126,7 @@ class LabPlan:
     nodes: list[Node]
     links: list[Link]
     ecn: EcnPlan = field(default_factory=lambda: EcnPlan(400_000, 1_600_000, 0.2))
+    shared_buffer: SharedBuffer | None = None
 
     def node(self, name: str) -> Node:
         for n in self.nodes:
@@ -140,7 +148,8 @@ class LabPlan:
         return cls(d["lab"], d["description"], d["dilation"], d["template"],
                    {k: FabricPlan(**v) for k, v in d["fabrics"].items()}, nodes,
                    [Link(**lk) for lk in d["links"]], EcnPlan(**d["ecn"]) if "ecn" in d else EcnPlan(
-                       400_000, 1_600_000, 0.2))
+                       400_000, 1_600_000, 0.2),
+                   SharedBuffer(**d["shared_buffer"]) if d.get("shared_buffer") else None)
 
 
 def _plain(obj):

@@ -75,6 +75,10 @@ class Qos(Strict):
     ecn: EcnProfile = EcnProfile()
     pfc: bool = Field(True, description="PFC on the lossless classes of lossless fabrics (false: all lossy)")
     pfc_quanta: int = Field(0xFFFF, ge=1, le=0xFFFF, description="pause time sent at XOFF, in 512-bit quanta")
+    shared_buffer: Size | None = Field(None, description="per switch: buffer the lossless queues of all its ports "
+                                                         "share, e.g. 8MB; a queue then pauses its feeders past "
+                                                         "shared_alpha x (shared_buffer - used), if below its XOFF")
+    shared_alpha: float = Field(1.0, gt=0, le=64, description="dynamic threshold factor of the shared buffer")
 
 
 class Fabric(Strict):
