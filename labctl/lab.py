@@ -36,6 +36,7 @@ def up(file: str, sets=(), name: str | None = None, template_dirs=(), backend: s
     backends()[backend]().apply(plan, lab, **kwargs)
     try:
         start_controller(plan, lab)
+        start_line(plan, lab)
     except BaseException:
         backends()[backend]().destroy(lab)
         raise
@@ -44,24 +45,42 @@ def up(file: str, sets=(), name: str | None = None, template_dirs=(), backend: s
     return plan, lab, elapsed
 
 
-def start_controller(plan: LabPlan, lab: state.LabDir, timeout: float = 20.0) -> int | None:
-    """The data-plane controller (ECN marking from queue depths), if any class needs one."""
-    import subprocess
-    import sys
+def start_controller(plan: LabPlan, lab: state.LabDir) -> int | None:
+    """The data-plane controller (ECN marking from queue depths, PFC), if any class needs one."""
     from labctl.dataplane import controller
     if not controller.needed(plan):
         return None
-    log = open(lab.path / "controller.log", "w")
-    p = subprocess.Popen([sys.executable, "-m", "labctl.dataplane.controller", str(lab.path)],
+    pid = _start_helper(lab, "labctl.dataplane.controller", "controller", "the data-plane controller")
+    lab.write_state(controller_pid=pid)
+    return pid
+
+
+def start_line(plan: LabPlan, lab: state.LabDir) -> int | None:
+    """The WAN line (delay, loss, jitter, ESP) for links that need one; fresh ESP keys first."""
+    from labctl.backends import wires
+    from labctl.wan.keys import write_keys
+    if not wires.wired(plan):
+        return None
+    write_keys(plan, lab.path)
+    pid = _start_helper(lab, "labctl.wan.line", "line", "the WAN line")
+    lab.write_state(line_pid=pid)
+    return pid
+
+
+def _start_helper(lab: state.LabDir, module: str, log_name: str, what: str) -> int:
+    """A lab process in its own session, journaled before it can do anything; waits for "ready"."""
+    import subprocess
+    import sys
+    log = open(lab.path / f"{log_name}.log", "w")
+    p = subprocess.Popen([sys.executable, "-m", module, str(lab.path)],
                          stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True,
                          start_new_session=True)
     lab.journal("pid", str(p.pid))
-    line = p.stdout.readline()  # "ready" once its nftables chains are in place
+    line = p.stdout.readline()  # "ready" once it holds its sockets and rules
     if line.strip() != "ready":
         p.kill()
-        raise LabError(f"the data-plane controller did not start: {(lab.path / 'controller.log').read_text()[-500:]}")
+        raise LabError(f"{what} did not start: {(lab.path / f'{log_name}.log').read_text()[-500:]}")
     p.stdout.close()
-    lab.write_state(controller_pid=p.pid)
     return p.pid
 
 

@@ -15,7 +15,7 @@ import socket
 import time
 from typing import Callable
 
-from labctl.backends import nsutil, rtnl
+from labctl.backends import nsutil, rtnl, wires
 from labctl.dataplane import nft, qos
 from labctl.errors import LabError
 from labctl.plan.model import Interface, LabPlan, Node
@@ -33,7 +33,7 @@ class NetnsBackend:
     name = "netns"
 
     def apply(self, plan: LabPlan, lab: LabDir, progress: Progress = _quiet) -> None:
-        _raise_fd_limit(3 * len(plan.nodes) + 64)
+        _raise_fd_limit(3 * len(plan.nodes) + 6 * len(wires.wired(plan)) + 64)
         for node in plan.nodes:
             if nsutil.exists(node.namespace):
                 raise LabError(f"namespace {node.namespace!r} already exists; it is not this lab's to reuse",
@@ -48,13 +48,19 @@ class NetnsBackend:
                 except FileExistsError:
                     lab.journal("released-netns", node.namespace)
                     raise LabError(f"namespace {node.namespace!r} appeared while building") from None
-                handles[node.name] = _NsHandles.open(node)
+                handles[node.name] = _NsHandles.open(node.namespace, node.sysctls)
                 progress("namespaces", i + 1, len(plan.nodes))
+            for ns in wires.namespaces(plan):
+                lab.journal("netns", ns)
+                nsutil.create(ns)
+                handles[ns] = _NsHandles.open(ns, wires.SYSCTLS)
             self._create_links(plan, handles, progress)
             for i, node in enumerate(plan.nodes):
-                _configure(node, handles[node.name])
+                _configure(node, handles[node.name], wires.static_neighbours(plan, node.name))
                 _classify(node)
                 progress("configure", i + 1, len(plan.nodes))
+            for link in wires.wired(plan):
+                _configure_line(link, handles)
             _wait_links_up(plan, handles)
         except BaseException:
             for h in handles.values():
@@ -70,7 +76,12 @@ class NetnsBackend:
         sock = rtnl.open_socket()
         try:
             batch = rtnl.Batch(sock)
+            ns_fds = {name: h.ns_fd for name, h in handles.items()}
             for link in plan.links:
+                if link.wire is not None:
+                    for request, what in wires.veths(plan, link, ns_fds, ns_fds):
+                        batch.add(request, f"creating {what}")
+                    continue
                 a_node, a_if = link.a.split(":")
                 b_node, b_if = link.b.split(":")
                 a = plan.node(a_node).iface(a_if)
@@ -111,9 +122,9 @@ class _NsHandles:
         self.ns_fd, self.nl, self.ioctl = ns_fd, nl, ioctl
 
     @classmethod
-    def open(cls, node: Node) -> "_NsHandles":
-        with nsutil.entered(node.namespace):
-            nsutil.write_sysctls(node.sysctls)
+    def open(cls, namespace: str, sysctls: dict[str, str]) -> "_NsHandles":
+        with nsutil.entered(namespace):
+            nsutil.write_sysctls(sysctls)
             nl = rtnl.open_socket()
             ioctl = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             ns_fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
@@ -127,7 +138,22 @@ class _NsHandles:
                 pass
 
 
-def _configure(node: Node, h: _NsHandles) -> None:
+def _configure_line(link, handles: dict[str, _NsHandles]) -> None:
+    """The line's ports: up, no checksum offload (frames leave as the sender made them)."""
+    for ns in (link.wire.near, link.wire.far):
+        batch = rtnl.Batch(handles[ns].nl)
+        batch.add(rtnl.link_up(1), f"{ns}: bringing up lo")
+        for port_ns, name, index in wires.ports(link):
+            if port_ns == ns:
+                nsutil.tx_checksum_off(handles[ns].ioctl, name)
+                batch.add(rtnl.link_up(index), f"{ns}: bringing up {name}")
+        try:
+            batch.commit()
+        except rtnl.NetlinkError as exc:
+            raise LabError(f"{exc.what} failed: {os.strerror(exc.code)}") from None
+
+
+def _configure(node: Node, h: _NsHandles, extra: list = ()) -> None:
     for iface in node.interfaces:
         nsutil.tx_checksum_off(h.ioctl, iface.name)
     batch = rtnl.Batch(h.nl)
@@ -140,8 +166,10 @@ def _configure(node: Node, h: _NsHandles) -> None:
         batch.add(rtnl.addr_add(1, node.loopback), f"{node.name}: loopback {node.loopback}")
     index = {i.name: i.index for i in node.interfaces}
     for route in node.routes:
-        batch.add(rtnl.route_add(route.dst, [(h.via, index[h.dev]) for h in route.nexthops]),
+        batch.add(rtnl.route_add(route.dst, [(h.via, index[h.dev], h.weight) for h in route.nexthops]),
                   f"{node.name}: route {route.dst}")
+    for request, what in extra:
+        batch.add(request, what)
     try:
         batch.commit()
     except rtnl.NetlinkError as exc:
@@ -189,15 +217,17 @@ def _wait_links_up(plan: LabPlan, handles: dict[str, _NsHandles], timeout: float
     """Wait for every port to be operationally up: until linkwatch runs, a veth's qdisc is still
     noop and drops everything, so a lab reported up must really forward."""
     deadline = time.monotonic() + timeout
-    for node in plan.nodes:
-        want = {i.name for i in node.interfaces}
+    wanted = [(node.name, {i.name for i in node.interfaces}) for node in plan.nodes]
+    for link in wires.wired(plan):
+        wanted += [(ns, {name}) for ns, name, _ in wires.ports(link)]
+    for name, want in wanted:
         while True:
-            states = rtnl.link_states(handles[node.name].nl)
+            states = rtnl.link_states(handles[name].nl)
             down = sorted(n for n in want if states.get(n) != rtnl.IF_OPER_UP)
             if not down:
                 break
             if time.monotonic() > deadline:
-                raise LabError(f"{node.name}: ports {', '.join(down)} did not come up within {timeout:g} s")
+                raise LabError(f"{name}: ports {', '.join(down)} did not come up within {timeout:g} s")
             time.sleep(0.005)
 
 
@@ -229,10 +259,10 @@ def set_link(node: Node, iface: Interface, up: bool) -> None:
 
 def apply_routes(node: Node, old: list, new: list) -> int:
     """Replace the routes that changed and delete the ones that vanished; returns how many changed."""
-    before = {r.dst: [(h.via, h.dev) for h in r.nexthops] for r in old}
-    after = {r.dst: [(h.via, h.dev) for h in r.nexthops] for r in new}
+    before = {r.dst: [(h.via, h.dev, h.weight) for h in r.nexthops] for r in old}
+    after = {r.dst: [(h.via, h.dev, h.weight) for h in r.nexthops] for r in new}
     index = {i.name: i.index for i in node.interfaces}
-    requests = [(rtnl.route_replace(dst, [(via, index[dev]) for via, dev in hops]), f"{node.name}: route {dst}")
+    requests = [(rtnl.route_replace(dst, [(via, index[dev], w) for via, dev, w in hops]), f"{node.name}: route {dst}")
                 for dst, hops in after.items() if before.get(dst) != hops]
     requests += [(rtnl.route_del(dst), f"{node.name}: delete route {dst}") for dst in before.keys() - after.keys()]
     return commit_in(node.namespace, requests) if requests else 0

@@ -88,20 +88,21 @@ def addr_add(index: int, cidr: str) -> tuple[int, int, bytes]:
     return RTM_NEWADDR, CREATE, body
 
 
-def route_add(dst: str, nexthops: list[tuple[str, int]]) -> tuple[int, int, bytes]:
-    """A static route; several (gateway, ifindex) next-hops make an ECMP route."""
+def route_add(dst: str, nexthops: list[tuple]) -> tuple[int, int, bytes]:
+    """A static route; several (gateway, ifindex[, weight]) next-hops make an ECMP route, weighted
+    when a weight is given (the kernel hashes flows onto next-hops in proportion)."""
     net, _, plen = dst.partition("/")
     body = struct.pack("BBBBBBBBI", socket.AF_INET, int(plen), 0, 0, RT_TABLE_MAIN, RTPROT_STATIC,
                        RT_SCOPE_UNIVERSE, RTN_UNICAST, 0)
     body += attr(RTA_DST, ip4(net))
     if len(nexthops) == 1:
-        gw, oif = nexthops[0]
+        gw, oif = nexthops[0][:2]
         body += attr(RTA_GATEWAY, ip4(gw)) + attr(RTA_OIF, u32(oif))
     else:
         hops = b""
-        for gw, oif in nexthops:
+        for gw, oif, *weight in nexthops:
             gw_attr = attr(RTA_GATEWAY, ip4(gw))
-            hops += struct.pack("HBBi", 8 + len(gw_attr), 0, 0, oif) + gw_attr
+            hops += struct.pack("HBBi", 8 + len(gw_attr), 0, (weight[0] if weight else 1) - 1, oif) + gw_attr
         body += attr(RTA_MULTIPATH, hops)
     return RTM_NEWROUTE, CREATE, body
 

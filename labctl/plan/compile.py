@@ -6,11 +6,15 @@ import ipaddress
 from labctl.errors import InputError
 from labctl.dataplane import qos
 from labctl.plan import model, naming, routing
-from labctl.topology.check import link_fabric, node_fabric
+from labctl.topology.check import link_fabric, node_fabric, routing_domain
 from labctl.topology.load import Loaded
 from labctl.topology.schema import ROUTER_KINDS, Topology
 
 ETH_HEADER = 14
+
+
+FIBRE_NS_PER_KM = 4900       # light in fibre: ~4.9 us per km (DESIGN §6)
+ESP_ROOM = 64                # outer IPv4 20 + ESP 8 + IV 8 + pad ≤ 3 + 2 + ICV 16, rounded up
 
 
 def link_ifindex(link: int, end: int) -> int:
@@ -39,11 +43,31 @@ def headroom(lab_rate_bps: int, feeders: int, lab_delay_ns: int, frame: int) -> 
     return int(2 * max(1, feeders) * lab_rate_bps / 8 * seconds) + 2 * frame
 
 
+def link_latency_ns(lk, default_ns: int) -> int:
+    """A link's one-way delay: its latency:, else its fibre length at 4.9 us/km, else the default."""
+    if lk.latency is not None:
+        return lk.latency
+    if lk.distance is not None:
+        return int(round(lk.distance * FIBRE_NS_PER_KM))
+    return default_ns
+
+
+def bdp_bytes(rate_bps: int, one_way_ns: int) -> int:
+    """Bandwidth x round trip: the buffer a single window-limited flow needs to keep the link full
+    (the same in the lab: rates / D and times x D)."""
+    return int(rate_bps / 8 * 2 * one_way_ns / 1e9)
+
+
 def shaping_for(lab_rate_bps: int, mtu: int, buffer_bytes: int, classes=(), lossless_fabric: bool = False,
-                feeders: int = 1, lab_delay_ns: int = 0, pfc_quanta: int = 0xFFFF) -> model.Shaping:
+                feeders: int = 1, lab_delay_ns: int = 0, pfc_quanta: int = 0xFFFF,
+                class_buffer: int | None = None) -> model.Shaping:
+    """`class_buffer` gives every class that buffer (a WAN link's deep buffer) instead of its own."""
     frame = mtu + ETH_HEADER
     burst = max(lab_rate_bps // 8 // 1000, 2 * frame)
     specs = [c.model_dump() for c in classes]
+    if class_buffer:
+        for c in specs:
+            c["buffer"] = class_buffer
     plans: list[model.ClassPlan] = []
     for c, rate in zip(specs, qos.class_rates(specs, lab_rate_bps)):
         lossless = c["lossless"] and lossless_fabric
@@ -102,7 +126,7 @@ def compile_plan(loaded: Loaded) -> model.LabPlan:
         nodes[name] = model.Node(
             name=name, kind=n.kind, namespace=naming.namespace(topo.name, name), index=index,
             forwarding=forwarding, fabric=node_fabric(topo, name), server=n.server, rank=n.rank,
-            loopback=None, sysctls=node_sysctls(topo, forwarding))
+            loopback=None, sysctls=node_sysctls(topo, forwarding), zone=n.zone)
     _number_ranks(nodes)
 
     lo_alloc = {f: iter(pools[f][1].hosts()) for f in pools}
@@ -121,10 +145,18 @@ def compile_plan(loaded: Loaded) -> model.LabPlan:
         addr_a, addr_b = subnet[0], subnet[1]
         rate = lk.rate or topo.defaults.rate
         lab_rate = int(round(rate / topo.dilation))
-        latency = lk.latency if lk.latency is not None else topo.defaults.latency
+        latency = link_latency_ns(lk, topo.defaults.latency)
+        lab_delay = int(round(latency * topo.dilation))
         mtu = lk.mtu or topo.defaults.mtu
+        buffer = lk.buffer or (max(topo.defaults.buffer, bdp_bytes(rate, latency)) if latency else None)
+        lab_jitter = int(round((lk.jitter or 0) * topo.dilation))
+        wire = None
+        if lab_delay or lk.loss or lab_jitter or lk.encrypt:
+            wire = model.Wire(near=naming.namespace(topo.name, f"wire{i}.a"), far=naming.namespace(topo.name, f"wire{i}.b"),
+                              near_index=link_ifindex(i, 1), far_index=link_ifindex(i, 0), fibre_mtu=mtu + ESP_ROOM)
         links.append(model.Link(i, f"{a}:{ia}", f"{b}:{ib}", fabric, str(subnet), rate, lab_rate,
-                                latency, int(round(latency * topo.dilation)), mtu))
+                                latency, lab_delay, mtu, loss=lk.loss, lab_jitter_ns=lab_jitter,
+                                encrypt=lk.encrypt, weight=lk.weight, wire=wire))
         for end, (node, ifname, mine, peer, peer_if, theirs) in enumerate(((a, ia, addr_a, b, ib, addr_b),
                                                                             (b, ib, addr_b, a, ia, addr_a))):
             n = nodes[node]
@@ -132,11 +164,11 @@ def compile_plan(loaded: Loaded) -> model.LabPlan:
                 name=ifname, index=link_ifindex(i, end), mac=naming.mac(n.index, len(n.interfaces)),
                 mtu=mtu, address=f"{mine}/31", peer_node=peer, peer_iface=peer_if,
                 peer_address=str(theirs), link=i, fabric=fabric,
-                shaping=shaping_for(lab_rate, mtu, topo.defaults.buffer, topo.qos.classes,
+                shaping=shaping_for(lab_rate, mtu, buffer or topo.defaults.buffer, topo.qos.classes,
                                     fabrics[fabric].lossless and topo.qos.pfc,
                                     feeders=sum(1 for x in ends if node in (x[0], x[2])) - 1,
-                                    lab_delay_ns=int(round(latency * topo.dilation)), pfc_quanta=topo.qos.pfc_quanta),
-                delay_ns=int(round(latency * topo.dilation))))
+                                    lab_delay_ns=lab_delay, pfc_quanta=topo.qos.pfc_quanta, class_buffer=buffer),
+                delay_ns=lab_delay))
 
     _add_routes(nodes, links, fabrics)
     e = topo.qos.ecn
@@ -174,37 +206,55 @@ def routes_without(plan: model.LabPlan, down: set[int]) -> dict[str, list[model.
     return {name: n.routes for name, n in nodes.items()}
 
 
+def routing_domains(fabrics: dict[str, model.FabricPlan]) -> dict[str, list[str]]:
+    """Fabrics that route as one network: the scale-out fabrics with the scale-across WAN joining
+    them (when there is one); every other fabric alone."""
+    has_wan = any(f.kind == "scale-across" for f in fabrics.values())
+    out: dict[str, list[str]] = {}
+    for name, f in fabrics.items():
+        key = routing_domain(f.kind, name) if has_wan else name
+        out.setdefault(key, []).append(name)
+    return out
+
+
 def _add_routes(nodes: dict[str, model.Node], links: list[model.Link], fabrics, down: set[int] = frozenset()
                 ) -> None:
-    for fabric, fplan in fabrics.items():
-        adj: dict[str, list[routing.Adjacency]] = {}
-        prefixes: dict[str, set[str]] = {}
-        for lk in links:
-            if lk.fabric != fabric:
-                continue
-            ends = {lk.a.split(":")[0], lk.b.split(":")[0]}
-            # a link's subnet is reached through the routers at its ends: hosts never forward
-            prefixes[lk.subnet] = {e for e in ends if nodes[e].forwarding} or ends
-        for n in nodes.values():
-            for i in n.interfaces:
-                if i.fabric == fabric and i.link not in down:
-                    adj.setdefault(n.name, []).append(routing.Adjacency(i.name, i.peer_node, i.peer_address))
-            if n.loopback and n.fabric == fabric:
-                prefixes[n.loopback] = {n.name}
-        routers = {n for n in adj if nodes[n].forwarding}
-        dist = {r: routing.shortest_hops(r, adj, routers) for r in routers}
-        in_order = routing.ordered(prefixes)
-        for name in sorted(adj, key=lambda x: nodes[x].index):
-            if name not in adj:
-                continue
-            node = nodes[name]
-            if node.forwarding:
-                for prefix, hops in routing.router_routes(name, in_order, adj, routers, dist):
-                    node.routes.append(model.Route(prefix, [model.NextHop(h.peer_address, h.local_if)
-                                                            for h in hops]))
-            else:
-                gateways = [a for a in adj.get(name, []) if a.peer in routers]
-                if gateways:
-                    for pool in (fplan.prefix, fplan.loopbacks):
-                        node.routes.append(model.Route(pool, [model.NextHop(g.peer_address, g.local_if)
+    weights = {lk.id: lk.weight for lk in links}
+    for members in routing_domains(fabrics).values():
+        _add_domain_routes(nodes, links, fabrics, set(members), weights, down)
+
+
+def _add_domain_routes(nodes, links, fabrics, members: set[str], weights: dict[int, int], down) -> None:
+    adj: dict[str, list[routing.Adjacency]] = {}
+    prefixes: dict[str, set[str]] = {}
+    for lk in links:
+        if lk.fabric not in members:
+            continue
+        ends = {lk.a.split(":")[0], lk.b.split(":")[0]}
+        # a link's subnet is reached through the routers at its ends: hosts never forward
+        prefixes[lk.subnet] = {e for e in ends if nodes[e].forwarding} or ends
+    for n in nodes.values():
+        for i in n.interfaces:
+            if i.fabric in members and i.link not in down:
+                adj.setdefault(n.name, []).append(routing.Adjacency(i.name, i.peer_node, i.peer_address,
+                                                                    weights[i.link]))
+        if n.loopback and n.fabric in members:
+            prefixes[n.loopback] = {n.name}
+    routers = {n for n in adj if nodes[n].forwarding}
+    dist = {r: routing.shortest_hops(r, adj, routers) for r in routers}
+    in_order = routing.ordered(prefixes)
+    for name in sorted(adj, key=lambda x: nodes[x].index):
+        if name not in adj:
+            continue
+        node = nodes[name]
+        if node.forwarding:
+            for prefix, hops in routing.router_routes(name, in_order, adj, routers, dist):
+                node.routes.append(model.Route(prefix, [model.NextHop(h.peer_address, h.local_if, h.weight)
+                                                        for h in hops]))
+        else:
+            gateways = [a for a in adj.get(name, []) if a.peer in routers]
+            if gateways:
+                for fabric in sorted(members, key=list(fabrics).index):
+                    for pool in (fabrics[fabric].prefix, fabrics[fabric].loopbacks):
+                        node.routes.append(model.Route(pool, [model.NextHop(g.peer_address, g.local_if, g.weight)
                                                               for g in gateways]))

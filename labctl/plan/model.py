@@ -50,6 +50,7 @@ class Interface:
 class NextHop:
     via: str
     dev: str
+    weight: int = 1      # ECMP weight (the link's `weight:`)
 
 
 @dataclass
@@ -72,12 +73,24 @@ class Node:
     sysctls: dict[str, str]
     interfaces: list[Interface] = field(default_factory=list)
     routes: list[Route] = field(default_factory=list)
+    zone: str | None = None
 
     def iface(self, name: str) -> Interface:
         for i in self.interfaces:
             if i.name == name:
                 return i
         raise KeyError(f"{self.name} has no interface {name!r}")
+
+
+@dataclass
+class Wire:
+    """A link carried by a user-space line (delay, loss, jitter, ESP) instead of one veth pair:
+    a:port -- [near ns] a | fibre -- fibre | b [far ns] -- b:port, the line process in between."""
+    near: str            # namespace next to the link's a end
+    far: str             # namespace next to its b end
+    near_index: int      # ifindex of the near namespace's port toward a (differs from a's, DESIGN §8)
+    far_index: int
+    fibre_mtu: int       # room for ESP's overhead on a full-size frame
 
 
 @dataclass
@@ -92,6 +105,11 @@ class Link:
     latency_ns: int      # the real fabric's one-way delay
     lab_delay_ns: int
     mtu: int
+    loss: float = 0.0
+    lab_jitter_ns: int = 0
+    encrypt: bool = False
+    weight: int = 1
+    wire: Wire | None = None   # the delay line that carries this link (WAN), if any
 
 
 @dataclass
@@ -147,7 +165,7 @@ class LabPlan:
             nodes.append(Node(**{**n, "interfaces": ifaces, "routes": routes}))
         return cls(d["lab"], d["description"], d["dilation"], d["template"],
                    {k: FabricPlan(**v) for k, v in d["fabrics"].items()}, nodes,
-                   [Link(**lk) for lk in d["links"]], EcnPlan(**d["ecn"]) if "ecn" in d else EcnPlan(
+                   [Link(**{**lk, "wire": Wire(**lk["wire"]) if lk.get("wire") else None}) for lk in d["links"]], EcnPlan(**d["ecn"]) if "ecn" in d else EcnPlan(
                        400_000, 1_600_000, 0.2),
                    SharedBuffer(**d["shared_buffer"]) if d.get("shared_buffer") else None)
 

@@ -3,7 +3,8 @@
 Routers get a route to every prefix of their fabric that is not directly connected, with one
 next-hop per neighbour that lies on a shortest path (and per parallel link). Hosts never forward:
 paths do not pass through them, and they reach their fabric's address pools through the routers
-they are cabled to. Fabrics never route into each other.
+they are cabled to. Fabrics of one routing domain (the scale-out fabrics and the scale-across WAN
+between them) route as one network; other fabrics never route into each other.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ class Adjacency:
     local_if: str
     peer: str
     peer_address: str
+    weight: int = 1
 
 
 def shortest_hops(start: str, adj: dict[str, list[Adjacency]], routers: set[str]) -> dict[str, int]:

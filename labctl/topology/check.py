@@ -36,6 +36,12 @@ def node_fabric(topo: Topology, name: str) -> str | None:
     return fits[0] if len(fits) == 1 else None
 
 
+def routing_domain(kind: str, name: str) -> str:
+    """Fabrics that route into each other: every scale-out fabric and the scale-across WAN that joins
+    them form the backend; a frontend or a scale-up domain is a network of its own."""
+    return "backend" if kind in ("scale-out", "scale-across") else name
+
+
 def link_fabric(topo: Topology, link_index: int) -> str | None:
     link = topo.links[link_index]
     if link.fabric:
@@ -44,6 +50,10 @@ def link_fabric(topo: Topology, link_index: int) -> str | None:
     fabrics = {node_fabric(topo, n) for n in ends if topo.nodes[n].kind in ROUTER_KINDS}
     if len(fabrics) == 1:
         return fabrics.pop()
+    inside = {f for f in fabrics if f in topo.fabrics and topo.fabrics[f].kind == "scale-out"}
+    if len(fabrics) == 2 and len(inside) == 1 and fabrics - inside <= {
+            f for f in topo.fabrics if topo.fabrics[f].kind == "scale-across"}:
+        return inside.pop()   # a DCI router's link into its building belongs to the building's fabric
     if not fabrics and len(topo.fabrics) == 1:
         return next(iter(topo.fabrics))
     return None
@@ -72,6 +82,7 @@ def check_topology(topo: Topology, smap: SourceMap) -> None:
 
     ends = []
     linked: set[str] = set()
+    nic_fabric: dict[tuple[str, str], tuple[int, str]] = {}
     for i, link in enumerate(topo.links):
         parsed = []
         for e, text in enumerate(link.endpoints):
@@ -92,12 +103,13 @@ def check_topology(topo: Topology, smap: SourceMap) -> None:
                              + did_you_mean(link.fabric, fabric_names),
                              f"use one of: {', '.join(fabric_names)}")
         routers = {node_fabric(topo, n) for n, _ in parsed if topo.nodes[n].kind in ROUTER_KINDS}
-        if len(routers) > 1:
+        domains = {routing_domain(topo.fabrics[f].kind, f) for f in routers if f in topo.fabrics}
+        if len(routers) > 1 and len(domains) > 1:
             raise InputError(smap.where(("links", i)),
                              f"link {parsed[0][0]}—{parsed[1][0]} joins switches of different fabrics "
                              f"({', '.join(sorted(routers))})",
                              "fabrics are separate networks; connect each host to each fabric instead")
-        if link.fabric and routers and link.fabric not in routers:
+        if link.fabric and routers and link.fabric not in routers and len(routers) == 1:
             raise InputError(smap.where(("links", i, "fabric")),
                              f"link says fabric {link.fabric!r} but its switch is on {routers.pop()!r}",
                              "remove the link's fabric: key or fix it")
@@ -105,6 +117,11 @@ def check_topology(topo: Topology, smap: SourceMap) -> None:
             raise InputError(smap.where(("links", i)),
                              f"cannot tell which fabric link {parsed[0][0]}—{parsed[1][0]} belongs to",
                              f"add `fabric: <one of {', '.join(fabric_names)}>` to the link")
+        _check_nic_sharing(topo, smap, i, parsed, nic_fabric)
+        if link.distance is not None and link.rate is None:
+            raise InputError(smap.where(("links", i, "distance")),
+                             f"WAN link {parsed[0][0]}—{parsed[1][0]} has a distance but no rate",
+                             "give it its own rate, e.g. `rate: 400G`: a WAN link rarely runs at the fabric default")
         rate = link.rate or topo.defaults.rate
         lab_rate = rate / topo.dilation
         key = ("links", i, "rate") if link.rate else ("defaults", "rate")
@@ -120,6 +137,7 @@ def check_topology(topo: Topology, smap: SourceMap) -> None:
                              f"lower dilation to at most {rate / LAB_RATE_MIN:g}, or raise the rate")
 
     _check_qos(topo, smap)
+    _check_zones(topo, smap)
     for name in topo.nodes:
         if name not in linked:
             raise InputError(smap.where(("nodes", name)), f"node {name!r} has no links",
@@ -128,6 +146,36 @@ def check_topology(topo: Topology, smap: SourceMap) -> None:
         assign_ifnames(ends)
     except NamingError as exc:
         raise InputError(smap.where(("links", exc.link, "endpoints", exc.end)), exc.message, exc.fix) from None
+
+
+def _check_nic_sharing(topo: Topology, smap: SourceMap, i: int, parsed, nic_fabric: dict) -> None:
+    """A host NIC named by two links of different fabrics would bridge networks meant to be apart."""
+    fabric = link_fabric(topo, i)
+    for e, (node, iface) in enumerate(parsed):
+        if iface is None or topo.nodes[node].kind in ROUTER_KINDS:
+            continue
+        seen = nic_fabric.get((node, iface))
+        if seen and fabric and seen[1] != fabric:
+            raise InputError(smap.where(("links", i, "endpoints", e)),
+                             f"{node}:{iface} is on fabric {seen[1]!r} (link {seen[0]}) and on {fabric!r} here: "
+                             "one NIC cannot serve two networks",
+                             f"give this link its own NIC, e.g. `{node}:{fabric[:3]}0`, or leave the port name out")
+        nic_fabric[(node, iface)] = (i, fabric)
+
+
+def _check_zones(topo: Topology, smap: SourceMap) -> None:
+    """With a scale-across fabric, every zone needs a DCI router: a router of that fabric in the zone."""
+    wan = {f for f, spec in topo.fabrics.items() if spec.kind == "scale-across"}
+    if not wan:
+        return
+    dci_zones = {n.zone for name, n in topo.nodes.items()
+                 if n.kind in ROUTER_KINDS and node_fabric(topo, name) in wan}
+    for name, node in topo.nodes.items():
+        if node.zone is not None and node.zone not in dci_zones:
+            raise InputError(smap.where(("nodes", name, "zone")),
+                             f"zone {node.zone!r} (of {name!r}) has no DCI router, so nothing joins it to the WAN",
+                             f"add a router with `fabric: {sorted(wan)[0]}, zone: {node.zone}` linked to the "
+                             "zone's spines and to the WAN")
 
 
 def _check_qos(topo: Topology, smap: SourceMap) -> None:

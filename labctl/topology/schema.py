@@ -94,6 +94,7 @@ class Node(Strict):
     fabric: Name | None = Field(None, description="the fabric a switch or router belongs to")
     server: Name | None = Field(None, description="the server a GPU sits in (GPUs of a server share scale-up)")
     rank: int | None = Field(None, ge=0, description="the GPU's global rank")
+    zone: Name | None = Field(None, description="the building (AI zone) it stands in; zones meet over the WAN")
     description: str = ""
 
 
@@ -104,6 +105,14 @@ class Link(Strict):
     latency: Duration | None = Field(None, description="one-way propagation delay, e.g. 2us")
     mtu: int | None = Field(None, ge=1280, le=9000, description="MTU for this link, 1280..9000")
     fabric: Name | None = Field(None, description="the fabric this link belongs to (normally inferred)")
+    distance: float | None = Field(None, ge=0, le=20_000,
+                                   description="fibre length in km: one-way delay 4.9 us/km (a WAN link; needs rate:)")
+    loss: float = Field(0.0, ge=0, lt=1, description="fraction of frames the line loses at random, e.g. 0.001")
+    jitter: Duration | None = Field(None, description="random extra one-way delay up to this, order kept, e.g. 20us")
+    buffer: Size | None = Field(None, description="egress buffer of both ends (default: the bandwidth-delay "
+                                                  "product on delayed links, else defaults.buffer)")
+    encrypt: bool = Field(False, description="ESP (AES-GCM) between the two ends; keys in the lab directory")
+    weight: int = Field(1, ge=1, le=256, description="ECMP weight of this link's next hop (unequal-cost multipath)")
 
 
 class Topology(Strict):

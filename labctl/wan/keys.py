@@ -1,0 +1,47 @@
+"""ESP keys for a lab's encrypted links: fresh at every `up`, kept in the lab directory only.
+
+esp-keys.json (mode 0600) is what the line reads; esp_sa is the same SAs in Wireshark's format:
+copy it to ~/.config/wireshark/esp_sa, or pass it to tshark (see `tshark_options`).
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from labctl.plan.model import LabPlan
+from labctl.wan import esp
+
+
+def write_keys(plan: LabPlan, lab_path: Path) -> dict:
+    keys: dict[str, dict] = {}
+    lines = []
+    for lk in plan.links:
+        if lk.wire is None or not lk.encrypt:
+            continue
+        a_node, a_if = lk.a.split(":")
+        b_node, b_if = lk.b.split(":")
+        a = plan.node(a_node).iface(a_if).address.split("/")[0]
+        b = plan.node(b_node).iface(b_if).address.split("/")[0]
+        ab = esp.Sa.new(0x1000 + 2 * lk.id, a, b)
+        ba = esp.Sa.new(0x1001 + 2 * lk.id, b, a)
+        keys[str(lk.id)] = {"ab": ab.to_dict(), "ba": ba.to_dict()}
+        lines += [ab.wireshark_sa(), ba.wireshark_sa()]
+    if not keys:
+        return keys
+    path = Path(lab_path) / "esp-keys.json"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(keys, f)
+    (Path(lab_path) / "esp_sa").write_text("# Wireshark ESP SAs of this lab (uat:esp_sa)\n" + "\n".join(lines) + "\n")
+    return keys
+
+
+def tshark_options(lab_path: Path) -> list[str]:
+    """tshark arguments that decrypt this lab's ESP: the SAs as uat:esp_sa records."""
+    path = Path(lab_path) / "esp_sa"
+    records = [line for line in path.read_text().splitlines() if line and not line.startswith("#")]
+    opts = ["-o", "esp.enable_encryption_decode:TRUE"]
+    for r in records:
+        opts += ["-o", f"uat:esp_sa:{r}"]
+    return opts
