@@ -127,5 +127,5 @@ def test_a_shared_buffer_pauses_earlier_than_the_port_xoff(built_lab, tmp_path):
         rows = [r for r in csv.DictReader(f) if r["class"] == "roce"]
     deepest = max(int(r["depth_bytes"]) for r in rows if (r["node"], r["port"]) == ("leaf1", "srv1-gpu0"))
     drops = sum(int(r["drops"]) for r in rows)
-    assert sum(q["gaps"] for q in rx) == 0 and drops == 0
+    assert sum(q["gaps"] for q in rx) == 0 and drops == 0, (sum(q["gaps"] for q in rx), drops, deepest)
     assert 0.6 * 1_000_000 < deepest < 0.6 * xoff, (deepest, xoff)

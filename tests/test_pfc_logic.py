@@ -67,3 +67,38 @@ def test_a_shared_buffer_lowers_xoff_as_it_fills():
     assert pfc.dynamic_xoff(2_600_000, 2_000_000, 1.0, used=1_000_000) == 1_000_000
     assert pfc.dynamic_xoff(2_600_000, 2_000_000, 1.0, used=2_500_000) == 0
     assert pfc.dynamic_xoff(500_000, 2_000_000, 8.0, used=1_000_000) == 500_000
+
+
+def pause_graph(plan):
+    """Wait-for edges between lossless queues: (node, egress) congested -> pauses the queue of the
+    neighbour on each feeding port that sends into this node."""
+    import networkx as nx
+    from labctl.dataplane.feeders import feeders
+    g = nx.DiGraph()
+    for n in plan.nodes:
+        if not n.forwarding:
+            continue
+        for egress, ingresses in feeders(plan, n).items():
+            for i in ingresses:
+                port = n.iface(i)
+                g.add_edge((n.name, egress), (port.peer_node, port.peer_iface))
+    return g
+
+
+@pytest.mark.parametrize("topology,sets", [("leaf-spine.yml", []), ("leaf-spine.yml", ["rail_optimised=false"]),
+                                           ("scale-across.yml", []), ("ai-cluster.yml", ["zones=2"])])
+def test_pfc_pauses_only_feeders_so_no_wait_cycle_can_deadlock_the_fabric(topology, sets):
+    import networkx as nx
+    from pathlib import Path
+    from labctl.dataplane.feeders import feeders
+    from labctl.plan.compile import compile_plan
+    from labctl.topology.load import load_topology
+    plan = compile_plan(load_topology(Path(__file__).parents[1] / "topologies" / topology, sets))
+    first_leaf = next(n for n in plan.nodes if n.forwarding and "leaf" in n.name and "fe-" not in n.name)
+    f = feeders(plan, first_leaf)
+    uplinks = [i.name for i in first_leaf.interfaces if plan.node(i.peer_node).forwarding]
+    hosts = [i.name for i in first_leaf.interfaces if not plan.node(i.peer_node).forwarding]
+    assert all(f[u] <= set(hosts) and f[u] for u in uplinks)     # up only from hosts, never spine to spine
+    assert all(set(uplinks) <= f[h] for h in hosts)               # down from every spine
+    cycles = list(nx.simple_cycles(pause_graph(plan)))
+    assert cycles == []

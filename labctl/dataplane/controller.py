@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from labctl.backends import nsutil, rtnl
-from labctl.dataplane import control, ecn, pfc, pfcport, qdepth, qos
+from labctl.dataplane import control, ecn, feeders, pfc, pfcport, qdepth, qos
 from labctl.dataplane.nft import Nft
 from labctl.plan.model import LabPlan, Node
 
@@ -40,6 +40,7 @@ class Switch:
     wanted: set = field(default_factory=set)
     pfc: dict = field(default_factory=dict)       # (ifindex, leaf major) -> pfcport.Port
     request: tuple = (b"", [])
+    feeders: dict = field(default_factory=dict)   # egress port -> ingress ports that feed it
     polls: int = 0
 
 
@@ -63,7 +64,8 @@ class Controller:
                 continue
             with nsutil.entered(node.namespace):
                 sock = rtnl.open_socket()
-            sw = Switch(node, sock, Nft(node.namespace) if ports else None)
+            sw = Switch(node, sock, Nft(node.namespace) if ports else None,
+                        feeders=feeders.feeders(plan, node) if node.forwarding else {})
             if ports:
                 sw.nft.run(ecn.setup_rules(ports))
             for i in node.interfaces:
@@ -113,7 +115,7 @@ class Controller:
         """One control step for one node; True if any controlled queue holds packets."""
         busy = False
         now = time.monotonic()
-        congested = False
+        congested: set[str] = set()      # egress ports whose lossless queue is past XOFF
         backlogs = qdepth.backlogs_get(sw.sock, sw.request) if sw.wanted else {}
         shared = self.plan.shared_buffer if sw.node.forwarding else None
         used = sum(backlogs.get(key, 0) for key in sw.pfc) if shared else 0
@@ -137,7 +139,8 @@ class Controller:
                     port.over_xoff = True
                 elif backlog < xon:
                     port.over_xoff = False
-                congested = congested or port.over_xoff
+                if port.over_xoff:
+                    congested.add(port.iface.name)
         if sw.node.forwarding and sw.pfc:
             self._assert_pfc(sw, congested, now)
         for port in sw.pfc.values():
@@ -148,10 +151,10 @@ class Controller:
         return busy
 
     @staticmethod
-    def _assert_pfc(sw: Switch, congested: bool, now: float) -> None:
-        """Pause every feeding port while any lossless egress queue is past XOFF; XON below XON."""
+    def _assert_pfc(sw: Switch, congested: set[str], now: float) -> None:
+        """Pause the ports that feed a lossless egress queue past XOFF; XON once none they feed is."""
         for port in sw.pfc.values():
-            wanted = congested and not port.over_xoff and port.settings.pfc
+            wanted = port.settings.pfc and any(port.iface.name in sw.feeders.get(e, ()) for e in congested)
             quanta = port.state.decide(wanted, now, port.iface.shaping.rate_bps, port.cls.pfc_quanta)
             if quanta is not None:
                 port.send_pfc(quanta, now)

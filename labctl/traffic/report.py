@@ -25,13 +25,15 @@ def summarize(results: list[dict]) -> list[dict]:
 def table(doc: dict) -> str:
     rows = summarize(doc["results"])
     d = doc["dilation"]
-    lines = [f"# labctl run {doc['workload']} on lab {doc['lab']}: {len(doc['ranks'])} ranks, dilation {d:g}",
-             "#  lab time (what the namespaces measured)                                      "
-             "| real-fabric equivalent (lab time / dilation)",
-             f"# {'size':>11} {'count':>11} {'type':>6} {'redop':>6} {'root':>5} {'time':>11} {'algbw':>7} "
-             f"{'busbw':>7} {'#wrong':>6} {'ideal':>11} {'ratio':>6} | {'time':>9} {'algbw':>8} {'busbw':>8}",
-             f"# {'(B)':>11} {'(elements)':>11} {'':>6} {'':>6} {'':>5} {'(us)':>11} {'(GB/s)':>7} "
-             f"{'(GB/s)':>7} {'':>6} {'(us)':>11} {'':>6} | {'(us)':>9} {'(GB/s)':>8} {'(GB/s)':>8}"]
+    lines = [f"# labctl run {doc['workload']} on lab {doc['lab']}: {len(doc['ranks'])} ranks, dilation {d:g}"]
+    if not rows:
+        return "\n".join(lines + flow_lines(doc.get("flows", [])))
+    lines += ["#  lab time (what the namespaces measured)                                      "
+              "| real-fabric equivalent (lab time / dilation)",
+              f"# {'size':>11} {'count':>11} {'type':>6} {'redop':>6} {'root':>5} {'time':>11} {'algbw':>7} "
+              f"{'busbw':>7} {'#wrong':>6} {'ideal':>11} {'ratio':>6} | {'time':>9} {'algbw':>8} {'busbw':>8}",
+              f"# {'(B)':>11} {'(elements)':>11} {'':>6} {'':>6} {'':>5} {'(us)':>11} {'(GB/s)':>7} "
+              f"{'(GB/s)':>7} {'':>6} {'(us)':>11} {'':>6} | {'(us)':>9} {'(GB/s)':>8} {'(GB/s)':>8}"]
     for r in rows:
         root = 0 if r["collective"] in ("broadcast", "incast") else -1
         lines.append(
@@ -51,6 +53,24 @@ def table(doc: dict) -> str:
     lost = [(r, q) for r, c in doc.get("counters", {}).items() for q in c.get("rx", []) if q["gaps"] or q["late"]]
     total_gaps = sum(q["gaps"] for _, q in lost)
     ce = sum(q["ce"] for c in doc.get("counters", {}).values() for q in c.get("rx", []))
-    lines.append(f"# receivers: {total_gaps} packets lost (PSN gaps), "
-                 f"{sum(q['late'] for _, q in lost)} duplicates, {ce} ECN-CE marks")
+    if doc.get("ranks"):
+        lines.append(f"# receivers: {total_gaps} packets lost (PSN gaps), "
+                     f"{sum(q['late'] for _, q in lost)} duplicates, {ce} ECN-CE marks")
+    lines += flow_lines(doc.get("flows", []))
     return "\n".join(lines)
+
+
+def flow_lines(flows: list[dict]) -> list[str]:
+    """TCP flows grouped by flow: transfers, bytes, goodput (lab), retransmissions."""
+    groups: dict[str, list[dict]] = {}
+    for f in flows:
+        groups.setdefault(f["flow"], []).append(f)
+    out = []
+    for name, fs in groups.items():
+        done = [f for f in fs if f["received"] == f["size"]]
+        moved = sum(f["received"] for f in fs)
+        seconds = max(f["start_s"] + f["seconds"] for f in fs) - min(f["start_s"] for f in fs)
+        out.append(f"# TCP {name}: {len(fs)} transfers ({len(done)} complete), {moved / 1e6:.1f} MB in {seconds:.2f} s "
+                   f"lab = {moved * 8 / max(seconds, 1e-9) / 1e6:.1f} Mbit/s, {sum(f['retransmits'] for f in fs)} "
+                   f"retransmissions{', errors: ' + fs[0]['error'] if any(f['error'] for f in fs) else ''}")
+    return out

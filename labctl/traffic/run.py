@@ -11,8 +11,9 @@ from labctl.errors import InputError, LabError, Where
 from labctl.plan.model import LabPlan
 from labctl.state import LabDir
 from labctl.telemetry.sampler import QueueSampler
-from labctl.traffic import fsdp, schedule as sch
+from labctl.traffic import flows, fsdp, schedule as sch
 from labctl.traffic.dcqcn import Params
+from labctl.traffic.tcpflow import FlowRun
 from labctl.traffic.runner import AgentPool, RunOptions, gpu_ranks, ideal_seconds, local_index
 from labctl.traffic.workload import LoadedWorkload
 
@@ -68,7 +69,10 @@ def build_ops(plan: LabPlan, loaded: LoadedWorkload, ranks: list[int]) -> list[O
     if w.fsdp:
         f = w.fsdp
         model = fsdp.model_from(f.model, f.layers, f.hidden, f.params_per_layer, f.dtype)
-        stages = fsdp.fsdp_step(model, ranks, f.strategy, f.group_size, f.prefetch, f.scale)
+        group_size = f.group_size
+        if f.group_by:
+            ranks, group_size = _grouped(plan, ranks, f.group_by, loaded)
+        stages = fsdp.fsdp_step(model, ranks, f.strategy, group_size, f.prefetch, f.scale)
         for it in range(w.warmup + w.iterations):
             for k, stage in enumerate(stages):
                 ids = itertools.count()
@@ -95,6 +99,24 @@ def build_ops(plan: LabPlan, loaded: LoadedWorkload, ranks: list[int]) -> list[O
     return ops
 
 
+def _grouped(plan: LabPlan, ranks: list[int], by: str, loaded: LoadedWorkload) -> tuple[list[int], int]:
+    """Ranks ordered group by group (zone or server) and the common group size, for HYBRID_SHARD."""
+    nodes = gpu_ranks(plan)
+    groups: dict[str, list[int]] = {}
+    for r in ranks:
+        key = nodes[r].zone if by == "zone" else nodes[r].server
+        if key is None:
+            raise InputError(Where(str(loaded.file), key="fsdp.group_by"),
+                             f"GPU {nodes[r].name} has no {by}", f"use a lab whose GPUs have a {by}, or group_size:")
+        groups.setdefault(key, []).append(r)
+    sizes = {len(g) for g in groups.values()}
+    if len(sizes) != 1:
+        raise InputError(Where(str(loaded.file), key="fsdp.group_by"),
+                         f"the {by}s hold different numbers of participants ({sorted(sizes)})",
+                         "select the same number of GPUs in each")
+    return [r for g in groups.values() for r in g], sizes.pop()
+
+
 def dcqcn_params(o) -> Params:
     """The reaction point's parameters in real-fabric units; the runner applies the dilation."""
     return Params(rate_ai=o.dcqcn_rate_ai, rate_hai=o.dcqcn_rate_hai, g=o.dcqcn_g,
@@ -104,8 +126,10 @@ def dcqcn_params(o) -> Params:
 
 def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Path, progress=None) -> dict:
     w = loaded.workload
-    ranks = participants(plan, loaded)
-    ops = build_ops(plan, loaded, ranks)
+    collectives = w.collective is not None or w.fsdp is not None
+    ranks = participants(plan, loaded) if collectives else []
+    ops = build_ops(plan, loaded, ranks) if collectives else []
+    tcp_flows = flows.sequences(plan, w.flows, str(loaded.file))
     nodes = gpu_ranks(plan)
     options = RunOptions(qps=w.options.qps, sport_policy=w.options.sport,
                          cnp_interval_us=w.options.cnp_interval / 1000 if w.options.cnp else None,
@@ -116,8 +140,9 @@ def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Pa
     (out_dir / "workload.yml").write_text(loaded.text)
     (out_dir / "plan.json").write_text(json.dumps(plan.to_dict()))
     results = []
-    pool = AgentPool(plan, lab, ranks, options)
+    pool = AgentPool(plan, lab, ranks, options) if ops else None
     sampler = QueueSampler(plan, out_dir / "queues.csv", lab_path=lab.path).start()
+    tcp = FlowRun(tcp_flows).start() if tcp_flows else None
     try:
         for k, op in enumerate(ops):
             ideal = ideal_seconds(plan, op.schedule, nodes, alpha)
@@ -128,16 +153,23 @@ def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Pa
             if op.warmup:
                 continue
             results.append(_result(plan, op, ideal, reports))
+        if tcp is not None and not ops:
+            tcp.wait(w.options.timeout / 1e9 if w.options.timeout else None)
     except BaseException:
         sampler.close()
-        pool.close(kill=True)
+        if tcp is not None:
+            tcp.close()
+        if pool is not None:
+            pool.close(kill=True)
         raise
+    flow_results = tcp.close() if tcp is not None else []
     series = sampler.close()
-    counters = pool.close()
+    counters = pool.close() if pool is not None else {}
     doc = {"workload": w.name, "lab": plan.lab, "dilation": plan.dilation, "ranks": ranks,
            "nodes": {r: nodes[r].name for r in ranks}, "options": w.options.model_dump(),
            "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "results": results,
-           "counters": {str(r): c for r, c in counters.items()}, "queue_series": series}
+           "counters": {str(r): c for r, c in counters.items()}, "queue_series": series,
+           "flows": [f for f in flow_results if f["received"] or f["error"]]}
     if w.fsdp:
         doc["fsdp"] = _fsdp_summary(w, ranks, results)
     (out_dir / "results.json").write_text(json.dumps(doc, indent=1))

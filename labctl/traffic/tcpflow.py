@@ -1,12 +1,14 @@
 """Real TCP flows between lab hosts: checkpoint writes, dataset reads, telemetry, bulk transfers.
 
 Sockets are opened inside the hosts' namespaces (a socket stays in the namespace it was made in)
-and driven by threads of the calling process: at lab rates one thread per flow keeps up, and the
-kernel's TCP, with its congestion control, does the rest. The receiver counts every byte; the
-sender reads TCP_INFO for retransmissions and the smoothed RTT.
+and driven by threads of the calling process: one thread per source and flow sends its transfers
+one after the other (`period` apart, or back to back), one acceptor per destination hands each
+connection to a reader, which learns from the connection's first 8 bytes which transfer it
+carries. The reader counts every byte; the sender reads TCP_INFO for retransmissions and RTT.
 """
 from __future__ import annotations
 
+import itertools
 import socket
 import struct
 import threading
@@ -21,18 +23,32 @@ _INFO_RTT, _INFO_TOTAL_RETRANS = 8 + 15 * 4, 8 + 23 * 4
 
 
 @dataclass
+class Target:
+    name: str
+    namespace: str
+    address: str
+
+
+@dataclass
+class Sequence:
+    """One source's transfers of one flow: `count` (None: until stopped) of `size` bytes each."""
+    flow: str
+    src: str
+    src_ns: str
+    targets: list[Target]
+    size: int
+    count: int | None = 1
+    period: float = 0.0          # lab seconds between transfer starts
+    congestion: str = "cubic"
+    offset: int = 0              # first target index, so sources spread over the targets
+
+
+@dataclass
 class Transfer:
-    """One connection's worth of data, `size` bytes from `src` to `dst` (lab addresses)."""
     flow: str
     src: str
     dst: str
-    src_ns: str
-    dst_ns: str
-    dst_addr: str
     size: int
-    start: float = 0.0          # lab seconds after the flows started
-    congestion: str = "cubic"
-    # filled in by the run
     sent: int = 0
     received: int = 0
     began: float = 0.0
@@ -40,10 +56,11 @@ class Transfer:
     retransmits: int = 0
     rtt_ms: float = 0.0
     error: str = ""
-    received_at: list = field(default_factory=list)   # (t since start of the run, cumulative bytes), ~10 Hz
+    received_at: list = field(default_factory=list)   # (t since the run started, cumulative bytes), ~10 Hz
+    done: threading.Event = field(default_factory=threading.Event)
 
     def summary(self) -> dict:
-        seconds = max(1e-9, self.ended - self.began)
+        seconds = max(1e-9, (self.ended or self.began) - self.began)
         return {"flow": self.flow, "src": self.src, "dst": self.dst, "size": self.size, "received": self.received,
                 "seconds": round(seconds, 4), "goodput_bps": round(self.received * 8 / seconds),
                 "retransmits": self.retransmits, "rtt_ms": round(self.rtt_ms, 2), "error": self.error,
@@ -51,59 +68,87 @@ class Transfer:
 
 
 class FlowRun:
-    """Run transfers (each at its start time, one connection each) until done or stopped."""
-
-    def __init__(self, transfers: list[Transfer], port: int = 5201):
-        self.transfers, self.port = transfers, port
+    def __init__(self, sequences: list[Sequence], port: int = 5201):
+        self.sequences, self.port = sequences, port
         self.stop = threading.Event()
+        self.transfers: dict[int, Transfer] = {}
+        self.ids = itertools.count(1)
+        self.lock = threading.Lock()
         self.threads: list[threading.Thread] = []
-        self.listeners: dict[tuple[str, str], socket.socket] = {}
-        for t in transfers:
-            key = (t.dst_ns, t.dst_addr)
-            if key not in self.listeners:
-                with nsutil.entered(t.dst_ns):
-                    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                s.bind((t.dst_addr, port))
-                s.listen(64)
-                self.listeners[key] = s
+        self.listeners: list[socket.socket] = []
         self.t0 = 0.0
+        for addr in {(t.namespace, t.address) for s in sequences for t in s.targets}:
+            with nsutil.entered(addr[0]):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((addr[1], port))
+            sock.listen(128)
+            sock.settimeout(0.2)
+            self.listeners.append(sock)
 
     def start(self) -> "FlowRun":
         self.t0 = time.monotonic()
-        for t in self.transfers:
-            th = threading.Thread(target=self._transfer, args=(t,), daemon=True)
-            th.start()
-            self.threads.append(th)
+        for sock in self.listeners:
+            self._thread(self._accept, sock)
+        self.senders = [self._thread(self._send_all, s) for s in self.sequences]
         return self
 
-    def _transfer(self, t: Transfer) -> None:
-        if self.stop.wait(t.start):
-            return
-        listener = self.listeners[(t.dst_ns, t.dst_addr)]
+    def _thread(self, target, *args) -> threading.Thread:
+        th = threading.Thread(target=target, args=args, daemon=True)
+        th.start()
+        self.threads.append(th)
+        return th
+
+    def _accept(self, listener: socket.socket) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except (socket.timeout, OSError):
+                continue
+            self._thread(self._receive, conn)
+
+    def _send_all(self, s: Sequence) -> None:
+        for c in itertools.count() if s.count is None else range(s.count):
+            if self.stop.wait(max(0.0, self.t0 + c * s.period - time.monotonic())):
+                return
+            target = s.targets[(s.offset + c) % len(s.targets)]
+            t = Transfer(s.flow, s.src, target.name, s.size)
+            with self.lock:
+                tid = next(self.ids)
+                self.transfers[tid] = t
+            self._send(s, target, t, tid)
+
+    def _send(self, s: Sequence, target: Target, t: Transfer, tid: int) -> None:
         try:
-            with nsutil.entered(t.src_ns):
+            with nsutil.entered(s.src_ns):
                 c = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            c.setsockopt(socket.IPPROTO_TCP, TCP_CONGESTION, t.congestion.encode())
+            c.setsockopt(socket.IPPROTO_TCP, TCP_CONGESTION, s.congestion.encode())
             t.began = time.monotonic() - self.t0
-            c.connect((t.dst_addr, self.port))
-            conn, _ = listener.accept()   # connections to one listener are accepted in arrival order
-            reader = threading.Thread(target=self._receive, args=(t, conn), daemon=True)
-            reader.start()
+            c.connect((target.address, self.port))
+            c.sendall(struct.pack("!Q", tid))
             data = memoryview(bytes(CHUNK))
             while t.sent < t.size and not self.stop.is_set():
                 t.sent += c.send(data[:min(CHUNK, t.size - t.sent)])
-            info = c.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
-            t.rtt_ms = struct.unpack_from("I", info, _INFO_RTT)[0] / 1000
+            t.rtt_ms = struct.unpack_from("I", c.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104), _INFO_RTT)[0] / 1e3
             c.shutdown(socket.SHUT_WR)
-            reader.join()
+            t.done.wait(timeout=None if not self.stop.is_set() else 5)
             info = c.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
             t.retransmits = struct.unpack_from("I", info, _INFO_TOTAL_RETRANS)[0]
             c.close()
         except OSError as exc:
             t.error = str(exc)
+            t.done.set()
 
-    def _receive(self, t: Transfer, conn: socket.socket) -> None:
+    def _receive(self, conn: socket.socket) -> None:
+        head = b""
+        while len(head) < 8:
+            more = conn.recv(8 - len(head))
+            if not more:
+                conn.close()
+                return
+            head += more
+        with self.lock:
+            t = self.transfers[struct.unpack("!Q", head)[0]]
         buf = bytearray(CHUNK)
         last_mark = 0.0
         while True:
@@ -118,16 +163,20 @@ class FlowRun:
         t.ended = time.monotonic() - self.t0
         t.received_at.append((round(t.ended, 3), t.received))
         conn.close()
+        t.done.set()
 
     def wait(self, timeout: float | None = None) -> bool:
+        """Until every finite sequence has sent everything; True if they all finished."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        for th in self.threads:
+        for th in self.senders:
             th.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        return not any(th.is_alive() for th in self.threads)
+        return not any(th.is_alive() for th in self.senders)
 
     def close(self) -> list[dict]:
         self.stop.set()
-        self.wait(timeout=10)
-        for s in self.listeners.values():
-            s.close()
-        return [t.summary() for t in self.transfers]
+        for th in self.senders:
+            th.join(timeout=10)
+        for sock in self.listeners:
+            sock.close()
+        with self.lock:
+            return [t.summary() for t in self.transfers.values()]

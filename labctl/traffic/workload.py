@@ -13,6 +13,12 @@
 or, instead of collective and sizes, one FSDP step:
 
     fsdp: {model: llama-7b, strategy: FULL_SHARD, group_size: 4, prefetch: true, scale: 0.001}
+
+and, with either or alone, TCP flows on the frontend (or wherever the nodes' addresses lead):
+
+    flows:
+      - {kind: checkpoint, from: gpus, to: storage, size: 20MB, count: 2, period: 5s}
+      - {kind: dataset, from: stor1, to: [srv1-gpu0], size: 50MB, background: true}
 """
 from __future__ import annotations
 
@@ -68,6 +74,21 @@ class Options(Strict):
         None, description="per operation in lab time (default: 10 x ideal + 10 s)")
 
 
+class Flow(Strict):
+    """TCP transfers, one connection each: `count` per source, `period` apart, to the `to` nodes in turn."""
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    kind: Literal["checkpoint", "dataset", "telemetry", "bulk"] = Field(
+        "bulk", description="what it stands for: checkpoint (GPU -> storage), dataset (storage -> GPU), ...")
+    from_: str | list[str] = Field(alias="from", description="sources: gpus, storage, a node, or a list of nodes")
+    to: str | list[str] = Field(description="destinations: gpus, storage, a node, or a list of nodes")
+    size: Size = Field(description="bytes per transfer, e.g. 20MB")
+    count: int = Field(1, ge=1, le=10000, description="transfers per source")
+    period: Annotated[int, BeforeValidator(parse_duration_ns)] = Field(
+        0, description="lab time between one source's transfer starts (0: back to back), e.g. 2s")
+    background: bool = Field(False, description="repeat until the collectives end (a saturating load)")
+    congestion: Literal["cubic", "reno", "bbr"] = Field("cubic", description="TCP congestion control")
+
+
 class FsdpSpec(Strict):
     model: str | None = Field(None, description="a preset: " + ", ".join(fsdp.PRESETS))
     layers: int | None = Field(None, ge=1)
@@ -76,6 +97,8 @@ class FsdpSpec(Strict):
     dtype: Literal["fp32", "bf16", "fp16", "fp8"] = "bf16"
     strategy: Literal[fsdp.STRATEGIES] = "FULL_SHARD"
     group_size: int | None = Field(None, ge=1, description="HYBRID_SHARD shard group size")
+    group_by: Literal["zone", "server"] | None = Field(
+        None, description="HYBRID_SHARD: shard inside each zone (building) or server, replicate across them")
     prefetch: bool = True
     scale: float = Field(1e-3, gt=0, le=1, description="multiply every size by this so a step fits the lab")
 
@@ -91,11 +114,14 @@ class Workload(Strict):
     root: str | None = None
     options: Options = Options()
     fsdp: FsdpSpec | None = None
+    flows: list[Flow] = Field(default_factory=list, description="TCP flows started with the collectives")
 
     @model_validator(mode="after")
     def one_kind(self):
-        if (self.collective is None) == (self.fsdp is None):
-            raise ValueError("give either collective: (with sizes:) or fsdp:, not both or neither")
+        if self.collective is not None and self.fsdp is not None:
+            raise ValueError("give either collective: (with sizes:) or fsdp:, not both")
+        if self.collective is None and self.fsdp is None and not self.flows:
+            raise ValueError("give collective: (with sizes:), fsdp: or flows:")
         if self.collective and self.sizes is None:
             raise ValueError("a collective needs sizes: (e.g. sizes: 16MB, or {begin: 1MB, end: 64MB})")
         return self
