@@ -26,7 +26,6 @@ from labctl.plan.model import LabPlan, Link
 from labctl.wan import esp
 
 ETH_P_ALL = 0x0003
-PACKET_QDISC_BYPASS, SOL_PACKET = 20, 263
 COUNTERS_EVERY = 0.2
 
 
@@ -35,7 +34,7 @@ def packet_socket(namespace: str, port: str) -> socket.socket:
         s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
     s.bind((port, ETH_P_ALL))
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
-    s.setsockopt(SOL_PACKET, PACKET_QDISC_BYPASS, 1)
+    # no PACKET_QDISC_BYPASS: it skips the capture taps too, and a capture on the fibre must see both ways
     s.setblocking(False)
     return s
 

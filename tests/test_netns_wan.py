@@ -1,0 +1,147 @@
+"""The scale-across WAN on real namespaces: delay, rate, buffer vs BDP, ESP, HSDP, distance."""
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import require_root
+from labctl import lab as labmod
+from labctl import state
+from labctl.traffic import fsdp, schedule as sch
+from labctl.traffic.run import run_workload
+from labctl.traffic.tcpflow import FlowRun, Sequence, Target
+from labctl.traffic.workload import load_workload
+from labctl.wan.keys import tshark_options
+
+ROOT = Path(__file__).resolve().parents[1]
+WAN = ROOT / "tests" / "topologies" / "wan.yml"
+SCALE_ACROSS = ROOT / "topologies" / "scale-across.yml"
+pytestmark = pytest.mark.netns
+
+
+def one_flow(plan, size: int, congestion: str = "cubic") -> dict:
+    """One TCP flow h1 -> h2 across the WAN; its goodput after the first 3 s (past slow start)."""
+    h1, h2 = plan.node("h1"), plan.node("h2")
+    target = Target("h2", h2.namespace, h2.interfaces[0].address.split("/")[0])
+    run = FlowRun([Sequence("bulk", "h1", h1.namespace, [target], size, congestion=congestion)]).start()
+    run.wait(timeout=120)
+    (t,) = run.close()
+    marks = t["received_at"]
+    start = next(m for m in marks if m[0] >= t["start_s"] + 3)
+    t["steady_bps"] = (marks[-1][1] - start[1]) * 8 / (marks[-1][0] - start[0])
+    return t
+
+
+def wan_counters(plan) -> list[dict]:
+    time.sleep(0.5)  # the line rewrites wan.json every 0.2 s
+    return json.loads((state.lab_dir(plan.lab).path / "wan.json").read_text())["directions"]
+
+
+def test_wan_round_trip_rate_and_buffer_against_the_bandwidth_delay_product(built_lab, lab_name, tmp_path):
+    """10 km at dilation 1000: 49 ms one way, so ping sees 98 ms (within 10%). One CUBIC flow fills
+    the 100 Mbit/s WAN within 5% with the default buffer (the BDP); with a buffer of 0.12 BDP it
+    cannot (measured 57 Mbit/s)."""
+    require_root()
+    plan = built_lab(WAN)
+    wan = next(lk for lk in plan.links if lk.wire)
+    assert wan.lab_delay_ns == 49_000_000 and wan.lab_rate_bps == 100_000_000
+    h2 = plan.node("h2").interfaces[0].address.split("/")[0]
+    out = subprocess.run(["ip", "netns", "exec", plan.node("h1").namespace, "ping", "-c", "5", "-i", "0.2", "-q", h2],
+                         capture_output=True, text=True, check=True).stdout
+    avg_ms = float(out.strip().splitlines()[-1].split("=")[1].split("/")[1])
+    assert avg_ms == pytest.approx(98, rel=0.10), out
+    deep = one_flow(plan, 100_000_000)
+    assert deep["received"] == 100_000_000 and deep["steady_bps"] == pytest.approx(100e6, rel=0.05), deep
+    labmod.down(lab_name)
+    small = tmp_path / "wan.yml"
+    small.write_text(WAN.read_text().replace("distance: 10}", "distance: 10, buffer: 150KB}"))
+    plan = built_lab(small)
+    shallow = one_flow(plan, 40_000_000)
+    assert shallow["steady_bps"] < 0.8 * 100e6 and shallow["retransmits"] > 0, shallow
+    lost = sum(d["overflow"] + d["lost"] for d in wan_counters(plan))
+    assert lost == 0   # the losses are the DCI router's queue, not the line
+
+
+def test_encrypted_wan_carries_only_esp_that_tshark_decrypts_to_roce(built_lab, lab_name, tmp_path):
+    """encrypt=true: the fibre between the DCI routers carries only ESP; tshark with the lab's esp_sa
+    decrypts every frame to RRoCE. The cost of ESP is measured against the same run unencrypted."""
+    require_root()
+    wf = tmp_path / "x.yml"
+    wf.write_text("name: x\ncollective: sendrecv\nsizes: [8MB]\nparticipants: [z1-srv1-gpu0, z2-srv1-gpu0]\n")
+    times = {}
+    for encrypt in (False, True):
+        plan = built_lab(SCALE_ACROSS, [f"encrypt={str(encrypt).lower()}", "distance=1"])
+        wan = next(lk for lk in plan.links if lk.wire)
+        pcap = tmp_path / f"fibre-{encrypt}.pcap"
+        cap = subprocess.Popen(["ip", "netns", "exec", wan.wire.near, "tcpdump", "-i", "fibre", "-w", str(pcap),
+                                "-U", "-c", "400"], stderr=subprocess.DEVNULL)
+        time.sleep(1.0)
+        doc = run_workload(plan, state.lab_dir(plan.lab), load_workload(wf), tmp_path / f"run-{encrypt}")
+        cap.wait(timeout=30)
+        times[encrypt] = doc["results"][0]["time_s"]
+        assert doc["results"][0]["wrong"] == 0
+        if encrypt:
+            lab_path = state.lab_dir(plan.lab).path
+            protos = subprocess.run(["tshark", "-r", str(pcap), "-T", "fields", "-e", "frame.protocols"],
+                                    capture_output=True, text=True, check=True).stdout.split()
+            assert len(protos) == 400 and all(p == "eth:ethertype:ip:esp" for p in protos), set(protos)
+            opened = subprocess.run(["tshark", "-r", str(pcap), *tshark_options(lab_path), "-T", "fields",
+                                     "-e", "frame.protocols", "-e", "infiniband.bth.opcode"],
+                                    capture_output=True, text=True, check=True).stdout.splitlines()
+            assert all("esp:ip:udp:infiniband" in line for line in opened), opened[:3]
+            opcodes = {line.split("\t")[1] for line in opened}
+            assert "7" in opcodes and opcodes <= {"6", "7", "8", "9", "10", "11", "17"}, opcodes  # WRITEs, ACKs
+        labmod.down(lab_name)
+    overhead = times[True] / times[False] - 1
+    print(f"ESP overhead: {overhead:+.1%} ({times[False]:.2f} s -> {times[True]:.2f} s for 8 MB)")
+    assert overhead < 0.5, times   # ~62 B per 9 KB frame plus user-space AES-GCM
+
+
+def test_hsdp_sends_only_the_replica_all_reduce_across_the_wan(built_lab, tmp_path):
+    """HYBRID_SHARD grouped by zone on two 4-GPU zones: all-gathers and reduce-scatters stay in a
+    building; the line carries the replica all-reduce alone, its bytes within 5% of the schedule's."""
+    require_root()
+    plan = built_lab(SCALE_ACROSS, ["distance=1"])
+    wf = tmp_path / "hsdp.yml"
+    wf.write_text("name: hsdp\nfsdp: {layers: 4, hidden: 256, strategy: HYBRID_SHARD, group_by: zone, scale: 1.0}\n")
+    before = sum(d["delivered_bytes"] for d in wan_counters(plan))
+    doc = run_workload(plan, state.lab_dir(plan.lab), load_workload(wf), tmp_path / "run")
+    crossed = sum(d["delivered_bytes"] for d in wan_counters(plan)) - before
+    ranks = sorted(doc["nodes"], key=int)
+    zone = {int(r): plan.node(doc["nodes"][r]).zone for r in ranks}
+    model = fsdp.model_from(None, 4, 256, None, "bf16")
+    order = sorted(map(int, ranks), key=lambda r: (zone[r], r))
+    replica = 0
+    for stage in fsdp.fsdp_step(model, order, "HYBRID_SHARD", 4):
+        for c in stage:
+            for group in c.groups:
+                s = sch.GENERATORS[c.collective](list(group), c.size, 512 * 1024, 1)
+                crossing = sum(t.nbytes for t in s.transfers if zone[t.src] != zone[t.dst])
+                if "replica" in c.label:
+                    assert crossing == sum(t.nbytes for t in s.transfers)
+                    replica += crossing
+                else:
+                    assert crossing == 0, c.label
+    assert replica > 0 and all(r["wrong"] == 0 for r in doc["results"])
+    assert crossed == pytest.approx(replica * (1 + 62 / 4096), rel=0.05), (crossed, replica)
+
+
+def test_an_all_reduce_across_zones_slows_as_the_wan_gets_longer(built_lab, lab_name, tmp_path):
+    require_root()
+    wf = tmp_path / "ar.yml"
+    wf.write_text("name: ar\ncollective: all_reduce\nsizes: [4MB]\n")
+    times = {}
+    for km in (1, 10, 25):
+        plan = built_lab(SCALE_ACROSS, [f"distance={km}"])
+        doc = run_workload(plan, state.lab_dir(plan.lab), load_workload(wf), tmp_path / f"run{km}")
+        times[km] = doc["results"][0]["time_s"]
+        labmod.down(lab_name)
+    one_way = {km: km * 4.9e-6 * 4000 for km in times}
+    print(f"all-reduce 4 MB across two zones: {times} s lab")
+    # the ring crosses the WAN twice per step: each extra km adds at least a few one-way delays
+    assert times[1] < times[10] < times[25], times
+    assert times[25] - times[1] > 2 * (one_way[25] - one_way[1]), (times, one_way)
