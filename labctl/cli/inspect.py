@@ -127,3 +127,37 @@ def pingall(lab, fabric):
     if failed or not tried:
         raise SystemExit(1)
 
+
+
+@cli.command(context_settings={"ignore_unknown_options": True})
+@click.argument("target", metavar="NODE:PORT")
+@click.argument("bpf", nargs=-1, metavar="[-- FILTER]")
+@click.option("-w", "out", default=None, help="pcapng file to write ('-' for stdout); default NODE_PORT.pcapng")
+@click.option("--snaplen", type=int, default=128, show_default=True,
+              help="bytes kept per frame: 128 keeps all RoCE headers (BTH, RETH, AETH); 0 = whole frames")
+@click.option("--lab", "lab_name", help="the lab (needed when several are up)")
+def capture(target, bpf, out, snaplen, lab_name):
+    """Capture a lab port to pcapng (Ctrl-C stops), or stream it into Wireshark.
+
+    NODE may also be one end of a WAN line (wire<link>.a or .b, port fibre): the only place an
+    encrypted WAN shows ESP. The filter is a capture filter (pcap syntax) after `--`.
+
+    \b
+    Example:
+      sudo labctl capture leaf1:srv1-gpu0 -- udp port 4791 or ether proto 0x8808
+      sudo labctl capture spine1:leaf1 -w - | wireshark -k -i -
+      tshark -r leaf1_srv1-gpu0.pcapng --disable-protocol rpcordma   # RoCE as RRoCE, PFC as MAC Control
+    """
+    import subprocess
+    from labctl import lab as labmod
+    from labctl.capture import command, file_name, resolve
+    labmod.require_root("labctl capture")
+    plan = labmod.load_plan(labmod.default_lab(lab_name))
+    ns, port = resolve(plan, target)
+    path = out or file_name(target)
+    if path != "-":
+        click.echo(f"capturing {target} to {path} (Ctrl-C to stop)", err=True)
+    try:
+        raise SystemExit(subprocess.call(command(ns, port, path, snaplen, " ".join(bpf))))
+    except KeyboardInterrupt:
+        pass

@@ -138,37 +138,8 @@ def tc_set(target, rate, class_name, ecn, kmin, kmax, pmax, pfc, xoff, xon, lab_
 
 def _send_control(lab_path, plan, node, iface, class_name, changes: dict) -> None:
     from labctl.dataplane import control
-    ecn_keys, pfc_keys = {"ecn", "kmin", "kmax", "pmax"}, {"pfc", "xoff", "xon"}
-    overrides = control.load(lab_path)["ports"]
-    picked = {}
-    for i in node.interfaces:
-        if iface and i.name != iface:
-            continue
-        for c in i.shaping.classes:
-            if class_name and c.name != class_name:
-                continue
-            wanted = {k: v for k, v in changes.items()
-                      if (k in ecn_keys and c.ecn and node.forwarding) or (k in pfc_keys and c.lossless)}
-            if not wanted:
-                continue
-            st = control.settings_for(plan, node, i, c, overrides)
-            for k, v in wanted.items():
-                setattr(st, k, v)
-            try:
-                st.validate(f"{node.name}:{i.name} class {c.name}")
-            except ValueError as exc:
-                raise LabError(str(exc), "give both thresholds so that low <= high") from None
-            picked[control.key(node.name, i.name, c.tc)] = wanted
-    if not picked:
-        classes = sorted({c.name for i in node.interfaces for c in i.shaping.classes})
-        raise LabError(f"no class on {node.name}{':' + iface if iface else ''} takes {sorted(changes)}",
-                       "ECN settings apply to ECN classes on switches, PFC settings to lossless classes; "
-                       f"classes here: {', '.join(classes)}")
-    generation = control.merge(lab_path, picked)
-    if not control.wait_applied(lab_path, generation):
-        raise LabError("the lab's controller did not confirm the change within 2 s",
-                       "is the lab up? `labctl status` shows the controller; `labctl down` and `up` restart it")
-    out.print(f"applied {', '.join(f'{k}={v}' for k, v in changes.items())} to {len(picked)} port class(es) "
+    count = control.apply(lab_path, plan, node, iface, class_name, changes)
+    out.print(f"applied {', '.join(f'{k}={v}' for k, v in changes.items())} to {count} port class(es) "
               f"on {node.name}{':' + iface if iface else ''}", highlight=False)
 
 

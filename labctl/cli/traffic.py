@@ -9,12 +9,16 @@ import click
 from labctl.cli.base import cli
 
 @cli.command()
-@click.argument("workload", type=click.Path(dir_okay=False))
+@click.argument("workload", type=click.Path(exists=True))
 @click.option("--lab", "lab_name", help="the lab to run on (needed when several are up)")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), help="run directory (default runs/<time>-<name>)")
 @click.option("--json", "as_json", is_flag=True, help="print results.json instead of the table")
 def run(workload, lab_name, out_dir, as_json):
-    """Play a workload (collectives or an FSDP step) on a running lab and report like nccl-tests.
+    """Play a workload on a running lab, or run an experiment (or a directory of them) end to end.
+
+    A workload (collectives, an FSDP step, TCP flows) plays on a lab that is up and reports like
+    nccl-tests. An experiment file (it has steps:) builds its own lab, captures, plays its steps,
+    tears down, plots, writes report.md and exits non-zero if an expectation failed.
 
     Starts one agent per GPU inside its namespace; they send RoCEv2 (UDP 4791) to each other with
     real data dependencies, and every byte is accounted at the receivers. Results, the plan and the
@@ -24,8 +28,14 @@ def run(workload, lab_name, out_dir, as_json):
     Example:
       sudo labctl run workloads/allreduce.yml --lab ls
       sudo labctl run workloads/fsdp-llama7b.yml --out runs/fsdp
+      sudo labctl run experiments/incast-pfc.yml
+      sudo labctl run experiments/                      # every bundled experiment
     """
     from pathlib import Path
+    from labctl.experiment.runner import is_experiment
+    if is_experiment(Path(workload)):
+        _run_experiments(Path(workload), out_dir, as_json)
+        return
     from labctl import lab as labmod
     from labctl.traffic import report
     from labctl.traffic.run import default_run_dir, run_workload
@@ -51,3 +61,33 @@ def run(workload, lab_name, out_dir, as_json):
     if any(r["wrong"] or r["timed_out"] for r in doc["results"]):
         raise SystemExit(1)
 
+
+
+def _run_experiments(target, out_dir, as_json) -> None:
+    import time
+    from pathlib import Path
+    from labctl import lab as labmod
+    from labctl.experiment.report import answer
+    from labctl.experiment.runner import experiment_files, prepare, run_experiment
+    files = experiment_files(target)
+    base = Path(out_dir) if out_dir else Path("runs")
+    outs = {f: (base if out_dir and len(files) == 1 else base / f"{time.strftime('%Y%m%d-%H%M%S')}-{f.stem}")
+            for f in files}
+    for f in files:                      # every file checked before the first lab is built
+        prepare(f, outs[f])
+    labmod.require_root("labctl run (an experiment builds a lab)")
+    failed = []
+    for f in files:
+        doc = run_experiment(f, outs[f])
+        if as_json:
+            click.echo(json.dumps(doc, indent=1))
+        else:
+            click.echo(f"# experiment {doc['experiment']}: report {outs[f] / 'report.md'}")
+            click.echo(answer(doc) + "\n")
+        if not doc["passed"]:
+            failed.append(doc["experiment"])
+    if len(files) > 1:
+        click.echo(f"# {len(files) - len(failed)} of {len(files)} experiments passed"
+                   + (f"; failed: {', '.join(failed)}" if failed else ""))
+    if failed:
+        raise SystemExit(1)

@@ -89,3 +89,43 @@ def wait_applied(lab_path: Path, generation: int, timeout: float = 2.0) -> bool:
             pass
         time.sleep(0.01)
     return False
+
+
+ECN_KEYS, PFC_KEYS = {"ecn", "kmin", "kmax", "pmax"}, {"pfc", "xoff", "xon"}
+
+
+def apply(lab_path: Path, plan, node, iface: str | None, class_name: str | None, changes: dict) -> int:
+    """Send `changes` for the classes of node[:iface] they apply to; returns how many port classes
+    changed once the controller confirmed them. ECN settings go to ECN classes on switches, PFC
+    settings to lossless classes."""
+    from labctl.errors import LabError
+    overrides = load(lab_path)["ports"]
+    picked = {}
+    for i in node.interfaces:
+        if iface and i.name != iface:
+            continue
+        for c in i.shaping.classes:
+            if class_name and c.name != class_name:
+                continue
+            wanted = {k: v for k, v in changes.items()
+                      if (k in ECN_KEYS and c.ecn and node.forwarding) or (k in PFC_KEYS and c.lossless)}
+            if not wanted:
+                continue
+            st = settings_for(plan, node, i, c, overrides)
+            for k, v in wanted.items():
+                setattr(st, k, v)
+            try:
+                st.validate(f"{node.name}:{i.name} class {c.name}")
+            except ValueError as exc:
+                raise LabError(str(exc), "give both thresholds so that low <= high") from None
+            picked[key(node.name, i.name, c.tc)] = wanted
+    if not picked:
+        classes = sorted({c.name for i in node.interfaces for c in i.shaping.classes})
+        raise LabError(f"no class on {node.name}{':' + iface if iface else ''} takes {sorted(changes)}",
+                       "ECN settings apply to ECN classes on switches, PFC settings to lossless classes; "
+                       f"classes here: {', '.join(classes)}")
+    generation = merge(lab_path, picked)
+    if not wait_applied(lab_path, generation):
+        raise LabError("the lab's controller did not confirm the change within 2 s",
+                       "is the lab up? `labctl status` shows the controller; `labctl down` and `up` restart it")
+    return len(picked)

@@ -1,6 +1,7 @@
 """`labctl run WORKLOAD`: turn a workload into schedules, play them on the lab's agents, keep results."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import time
@@ -95,8 +96,32 @@ def build_ops(plan: LabPlan, loaded: LoadedWorkload, ranks: list[int]) -> list[O
                 s = sch.hierarchical_all_reduce(list(servers.values()), size, o.slice, o.channels)
             else:
                 s = sch.GENERATORS[w.collective](ranks, size, o.slice, o.channels)
+            if w.victim:
+                s = _with_victim(plan, loaded, s)
             ops.append(Op(f"{w.collective} {size}", w.collective, size, s, it - w.warmup, it < w.warmup))
     return ops
+
+
+def victim_ranks(plan: LabPlan, loaded: LoadedWorkload) -> list[int]:
+    v = loaded.workload.victim
+    if v is None:
+        return []
+    by_name = {n.name: r for r, n in gpu_ranks(plan).items()}
+    for name, key in ((v.from_, "victim.from"), (v.to, "victim.to")):
+        if name not in by_name:
+            raise InputError(Where(str(loaded.file), key=key), f"{name!r} is not a GPU of lab {plan.lab!r}",
+                             "name a GPU (labctl status lists them)")
+    return [by_name[v.from_], by_name[v.to]]
+
+
+def _with_victim(plan: LabPlan, loaded: LoadedWorkload, s: sch.Schedule) -> sch.Schedule:
+    """The schedule plus the victim's sendrecv, started at once and depending on nothing."""
+    src, dst = victim_ranks(plan, loaded)
+    ids = itertools.count(max((t.id for t in s.transfers), default=-1) + 1)
+    extra = [dataclasses.replace(t, phase="victim")
+             for t in sch.sendrecv([src, dst], loaded.workload.victim.size, ids=ids).transfers]
+    ranks = s.ranks + [r for r in (src, dst) if r not in s.ranks]
+    return sch.Schedule(s.collective, ranks, s.size, s.transfers + extra)
 
 
 def _grouped(plan: LabPlan, ranks: list[int], by: str, loaded: LoadedWorkload) -> tuple[list[int], int]:
@@ -128,6 +153,7 @@ def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Pa
     w = loaded.workload
     collectives = w.collective is not None or w.fsdp is not None
     ranks = participants(plan, loaded) if collectives else []
+    ranks += [r for r in victim_ranks(plan, loaded) if r not in ranks]
     ops = build_ops(plan, loaded, ranks) if collectives else []
     tcp_flows = flows.sequences(plan, w.flows, str(loaded.file))
     nodes = gpu_ranks(plan)
@@ -178,8 +204,14 @@ def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Pa
 
 def _result(plan: LabPlan, op: Op, ideal: float, reports: dict) -> dict:
     s = op.schedule
-    n = len(s.ranks)
+    victim_ids = {x.id for x in s.transfers if x.phase == "victim"}
+    n = len({r for x in s.transfers if x.phase != "victim" for r in (x.src, x.dst)}) or len(s.ranks)
     t = max(r["end"] for r in reports.values())
+    victim_s = None
+    if victim_ids:    # the collective's time leaves the victim out; the victim's is when its bytes arrived
+        t = max([x[2] for r in reports.values() for x in r["sends"] if x[0] not in victim_ids]
+                + [x[1] for r in reports.values() for x in r["recvs"] if x[0] not in victim_ids])
+        victim_s = max(x[1] for r in reports.values() for x in r["recvs"] if x[0] in victim_ids)
     wrong = sum(len(r["missing"]) + sum(1 for x in r["recvs"] if not x[3]) for r in reports.values())
     algbw = op.size / t / 1e9 if t > 0 else 0.0
     factor = sch.bus_factor(op.collective, n) if op.collective != "fsdp_stage" else 1.0
@@ -188,7 +220,7 @@ def _result(plan: LabPlan, op: Op, ideal: float, reports: dict) -> dict:
     return {
         "label": op.label, "collective": op.collective, "size": op.size, "n": n, "iteration": op.iteration,
         "stage": op.stage, "time_s": t, "algbw_GBps": algbw, "busbw_GBps": algbw * factor, "ideal_s": ideal,
-        "ratio": t / ideal if ideal else None, "wrong": wrong,
+        "ratio": t / ideal if ideal else None, "wrong": wrong, "victim_s": victim_s,
         "timed_out": any(r["timed_out"] for r in reports.values()),
         "real": {"time_s": t / d, "algbw_GBps": algbw * d, "busbw_GBps": algbw * factor * d, "ideal_s": ideal / d},
         "per_rank": {str(rank): {"end_s": rep["end"], "bytes_sent": sent.get(rank, 0), "sends": rep["sends"],

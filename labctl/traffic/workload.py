@@ -89,6 +89,14 @@ class Flow(Strict):
     congestion: Literal["cubic", "reno", "bbr"] = Field("cubic", description="TCP congestion control")
 
 
+class Victim(Strict):
+    """A transfer played beside every collective, to measure what the collective's congestion does to it."""
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    from_: str = Field(alias="from", description="the sending GPU")
+    to: str = Field(description="the receiving GPU")
+    size: Size = Field(8_000_000, description="bytes, e.g. 8MB")
+
+
 class FsdpSpec(Strict):
     model: str | None = Field(None, description="a preset: " + ", ".join(fsdp.PRESETS))
     layers: int | None = Field(None, ge=1)
@@ -115,6 +123,7 @@ class Workload(Strict):
     options: Options = Options()
     fsdp: FsdpSpec | None = None
     flows: list[Flow] = Field(default_factory=list, description="TCP flows started with the collectives")
+    victim: Victim | None = Field(None, description="a sendrecv played beside each collective; its time is reported")
 
     @model_validator(mode="after")
     def one_kind(self):

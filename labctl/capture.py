@@ -1,0 +1,79 @@
+"""Packet captures on lab ports with dumpcap (pcapng), started inside the port's namespace.
+
+The default snaplen, 128 bytes, keeps Ethernet, IPv4, UDP, BTH, RETH and AETH of every RoCE frame
+(and whole PFC frames) without the payload; use 0 for whole frames, e.g. to decrypt ESP.
+Open a file with `wireshark FILE` or `tshark -r FILE --disable-protocol rpcordma`; the RoCE
+dissector is "RRoCE" (UDP 4791) and PFC frames are "MAC Control, Class Based Flow Control".
+"""
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from labctl.errors import LabError
+from labctl.plan.model import LabPlan
+
+DEFAULT_SNAPLEN = 128
+FULL = 262144
+
+
+def resolve(plan: LabPlan, target: str) -> tuple[str, str]:
+    """NODE:PORT -> (namespace, port); NODE may also be a WAN line end, wire<link>.a / .b (port fibre)."""
+    node_name, _, port = target.partition(":")
+    for lk in plan.links:
+        if lk.wire and node_name in (f"wire{lk.id}.a", f"wire{lk.id}.b"):
+            ns = lk.wire.near if node_name.endswith(".a") else lk.wire.far
+            if port not in ("fibre", "a", "b", ""):
+                raise LabError(f"{node_name} has ports fibre, {'a' if node_name.endswith('.a') else 'b'}")
+            return ns, port or "fibre"
+    try:
+        node = plan.node(node_name)
+    except KeyError:
+        wires = [f"wire{lk.id}.a" for lk in plan.links if lk.wire]
+        raise LabError(f"lab {plan.lab!r} has no node {node_name!r}",
+                       "`labctl status` lists nodes" + (f"; WAN line ends: {', '.join(wires)} (.a/.b)" if wires else ""))
+    if not port:
+        raise LabError(f"{target!r} names no port", f"write NODE:PORT, e.g. {node_name}:{node.interfaces[0].name}")
+    if port not in {i.name for i in node.interfaces}:
+        raise LabError(f"{node_name} has no port {port!r}", f"its ports: {', '.join(i.name for i in node.interfaces)}")
+    return node.namespace, port
+
+
+def command(namespace: str, port: str, out: str, snaplen: int = DEFAULT_SNAPLEN, bpf: str = "") -> list[str]:
+    args = ["ip", "netns", "exec", namespace, "dumpcap", "-q", "-i", port, "-s", str(snaplen or FULL), "-w", out]
+    return args + (["-f", bpf] if bpf else [])
+
+
+class Capture:
+    """A background capture into a pcapng file; stop() flushes and closes it."""
+
+    def __init__(self, plan: LabPlan, target: str, path: Path, snaplen: int = DEFAULT_SNAPLEN, bpf: str = "",
+                 journal=None):
+        ns, port = resolve(plan, target)
+        self.path = path
+        self.proc = subprocess.Popen(command(ns, port, str(path), snaplen, bpf), stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if journal is not None:
+            journal("pid", str(self.proc.pid))
+        deadline = time.monotonic() + 5
+        while not path.exists() and self.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)          # dumpcap creates the file once it captures
+        if self.proc.poll() is not None:
+            raise LabError(f"capture on {target} failed: {self.proc.stderr.read().strip()[-300:]}",
+                           "is dumpcap installed (./install.sh installs tshark, which brings it)?")
+
+    def stop(self) -> Path:
+        if self.proc.poll() is None:
+            time.sleep(0.2)           # frames in flight reach the file
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        return self.path
+
+
+def file_name(target: str) -> str:
+    return target.replace(":", "_").replace("/", "_") + ".pcapng"

@@ -1,0 +1,1 @@
+"""Experiments: build a lab, play traffic, change things, capture, plot, and check expectations."""

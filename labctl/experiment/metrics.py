@@ -1,0 +1,86 @@
+"""Metrics of one run (experiment step), from its run directory: results.json and queues.csv."""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from statistics import mean
+
+from labctl.plan.model import LabPlan
+
+
+def queue_deltas(run_dir: Path) -> dict[tuple[str, str, str], dict]:
+    """(node, port, class) -> what changed during the run (first to last row) and the deepest depth."""
+    first: dict = {}
+    last: dict = {}
+    deepest: dict = {}
+    with open(run_dir / "queues.csv") as f:
+        for row in csv.DictReader(f):
+            key = (row["node"], row["port"], row["class"])
+            first.setdefault(key, row)
+            last[key] = row
+            deepest[key] = max(deepest.get(key, 0), int(row["depth_bytes"]))
+    out = {}
+    for key, row in last.items():
+        d = {c: float(row[c]) - float(first[key][c])
+             for c in ("sent_bytes", "sent_packets", "drops", "ecn_marked", "pfc_tx", "pfc_rx", "paused_s")}
+        d["max_depth"] = deepest[key]
+        out[key] = d
+    return out
+
+
+def uplink_imbalance(plan: LabPlan, deltas: dict) -> float:
+    """Worst leaf's max/mean bytes over its uplinks (ports toward switches), among leaves that sent."""
+    worst = 1.0
+    for node in plan.nodes:
+        if not node.forwarding or all(plan.node(i.peer_node).forwarding for i in node.interfaces):
+            continue                      # only switches with hosts below them (leaves)
+        ups = [i.name for i in node.interfaces if plan.node(i.peer_node).forwarding
+               and plan.fabrics[i.fabric].kind == "scale-out"]
+        sent = [sum(d["sent_bytes"] for k, d in deltas.items() if k[0] == node.name and k[1] == u) for u in ups]
+        if len(sent) > 1 and sum(sent) > 1_000_000:
+            worst = max(worst, max(sent) / mean(sent))
+    return worst
+
+
+def run_metrics(plan: LabPlan, run_dir: Path, wan_bytes: float = 0.0) -> dict[str, float]:
+    doc = json.loads((run_dir / "results.json").read_text())
+    results = doc["results"]
+    rx = [q for c in doc["counters"].values() for q in c.get("rx", [])]
+    tx = [q for c in doc["counters"].values() for q in c.get("tx", [])]
+    deltas = queue_deltas(run_dir)
+    lossless = {(n.name, i.name, c.name) for n in plan.nodes for i in n.interfaces for c in i.shaping.classes
+                if c.lossless}
+    flows = doc.get("flows", [])
+    span = (max(f["start_s"] + f["seconds"] for f in flows) - min(f["start_s"] for f in flows)) if flows else 0
+    main = results
+    busbw = [r["busbw_GBps"] for r in main]
+    ideal_busbw = [r["busbw_GBps"] * r["ratio"] for r in main if r.get("ratio")]
+    return {
+        "time_s": sum(r["time_s"] for r in main),
+        "busbw": mean(busbw) if busbw else 0.0,
+        "ideal_busbw": mean(ideal_busbw) if ideal_busbw else 0.0,
+        "ratio": sum(r["time_s"] for r in main) / max(1e-12, sum(r["ideal_s"] for r in main)) if main else 0.0,
+        "wrong": sum(r["wrong"] for r in results),
+        "gaps": sum(q["gaps"] for q in rx),
+        "retransmits": sum(q.get("retransmitted", 0) for q in tx),
+        "ce_marks": sum(q["ce"] for q in rx),
+        "drops": sum(d["drops"] for d in deltas.values()),
+        "lossless_drops": sum(d["drops"] for k, d in deltas.items() if k in lossless),
+        "ecn_marked": sum(d["ecn_marked"] for d in deltas.values()),
+        "pfc_tx": sum(d["pfc_tx"] for d in deltas.values()),
+        "pfc_rx": sum(d["pfc_rx"] for d in deltas.values()),
+        "max_depth": max([d["max_depth"] for k, d in deltas.items() if k in lossless] or [0]),
+        "uplink_imbalance": uplink_imbalance(plan, deltas),
+        "wan_bytes": wan_bytes,
+        "tcp_goodput_bps": sum(f["received"] for f in flows) * 8 / span if span else 0.0,
+        "victim_time_s": sum(r.get("victim_s") or 0.0 for r in results),
+        "fsdp_bytes_ratio": _fsdp_ratio(doc),
+    }
+
+
+def _fsdp_ratio(doc: dict) -> float:
+    f = doc.get("fsdp")
+    if not f or not f["bytes_per_rank"]:
+        return 0.0
+    return mean(f["bytes_per_rank"].values()) / f["expected_full_shard_bytes_per_rank"]

@@ -1,0 +1,215 @@
+"""Run an experiment end to end: build, capture, play the steps, tear down, judge, plot, report.
+
+Everything is validated before the first namespace exists (the experiment, every workload, the
+lab file with its variables); the lab is torn down whatever happens, and once per sweep value.
+"""
+from __future__ import annotations
+
+import json
+import operator
+import os
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from labctl import lab as labmod
+from labctl.capture import Capture, file_name
+from labctl.errors import InputError, LabError
+from labctl.experiment import plots
+from labctl.experiment.metrics import run_metrics
+from labctl.experiment.spec import METRICS, Experiment, load_experiment
+from labctl.traffic.run import run_workload
+from labctl.traffic.workload import LoadedWorkload, load_workload
+
+OPS = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
+
+
+def lab_name(exp: Experiment) -> str:
+    """x-<name>; $LABCTL_EXPERIMENT_PREFIX replaces x- (tests use their own prefix)."""
+    return (os.environ.get("LABCTL_EXPERIMENT_PREFIX", "x-") + exp.name)[:24].rstrip("-")
+
+
+def prepare(path: Path, out: Path) -> tuple[Experiment, str, dict[int, LoadedWorkload]]:
+    """Load and check everything the experiment will use, before anything is built."""
+    from labctl.plan.compile import compile_plan
+    from labctl.topology.load import load_topology
+    exp, text = load_experiment(path)
+    workloads = {}
+    out.mkdir(parents=True, exist_ok=True)
+    for k, step in enumerate(exp.steps):
+        if step.run is None:
+            continue
+        if isinstance(step.run, dict):
+            inline = out / f"workload-{step.as_ or k + 1}.yml"
+            inline.write_text(yaml.safe_dump(step.run, sort_keys=False))
+            workloads[k] = load_workload(inline)
+        else:
+            workloads[k] = load_workload(path.parent / step.run)
+    for value in exp.sweep.values if exp.sweep else [None]:
+        compile_plan(load_topology(str(path.parent / exp.topology), _sets(exp, value), lab_name(exp)))
+    return exp, text, workloads
+
+
+def _sets(exp: Experiment, value) -> list[str]:
+    return list(exp.set) + ([f"{exp.sweep.var}={value}"] if value is not None else [])
+
+
+def _wan_bytes(lab) -> float:
+    try:
+        return sum(d["delivered_bytes"] for d in json.loads((lab.path / "wan.json").read_text())["directions"])
+    except (OSError, ValueError, KeyError):
+        return 0.0
+
+
+def run_experiment(path: Path, out: Path, say=lambda msg: print(msg, file=sys.stderr, flush=True)) -> dict:
+    path = Path(path)
+    exp, text, workloads = prepare(path, out)
+    (out / "experiment.yml").write_text(text)
+    metrics: dict[str, dict] = {}
+    runs: dict[str, Path] = {}
+    captures: list[str] = []
+    name = lab_name(exp)
+    for value in exp.sweep.values if exp.sweep else [None]:
+        suffix = f"@{value}" if value is not None else ""
+        say(f"[{exp.name}] up {exp.topology}{' with ' + ' '.join(_sets(exp, value)) if _sets(exp, value) else ''}")
+        plan, lab, _ = labmod.up(str(path.parent / exp.topology), _sets(exp, value), name)
+        caps = []
+        try:
+            for c in exp.captures:
+                f = out / "captures" / (file_name(c.port).replace(".pcapng", f"{suffix}.pcapng"))
+                f.parent.mkdir(exist_ok=True)
+                caps.append(Capture(plan, c.port, f, c.snaplen, c.filter, journal=lab.journal))
+            for k, step in enumerate(exp.steps):
+                _step(exp, k, step, plan, lab, workloads, out, suffix, metrics, runs, say)
+        finally:
+            for cap in caps:
+                captures.append(str(cap.stop().relative_to(out)))
+            labmod.down(name)
+            say(f"[{exp.name}] down")
+    checks = judge(exp, metrics)
+    figures = draw(plan, runs, out)
+    doc = {"experiment": exp.name, "description": exp.description.strip(), "metrics": metrics,
+           "expectations": checks, "passed": all(c["passed"] for c in checks), "plots": figures,
+           "captures": captures, "runs": {k: str(v.relative_to(out)) for k, v in runs.items()}}
+    (out / "experiment.json").write_text(json.dumps(doc, indent=1))
+    from labctl.experiment.report import write_report
+    write_report(out, exp, doc)
+    return doc
+
+
+def _step(exp, k, step, plan, lab, workloads, out, suffix, metrics, runs, say) -> None:
+    if step.run is not None:
+        run_name = (step.as_ or f"run{k + 1}") + suffix
+        say(f"[{exp.name}] run {run_name}")
+        before = _wan_bytes(lab)
+        run_dir = out / "runs" / run_name
+        run_workload(plan, lab, workloads[k], run_dir)
+        metrics[run_name] = run_metrics(plan, run_dir, _wan_bytes(lab) - before)
+        runs[run_name] = run_dir
+    elif step.tc is not None:
+        _tc(plan, lab, dict(step.tc))
+    elif step.link is not None:
+        (state, target), = step.link.items()
+        node_name, _, port = target.partition(":")
+        labmod.set_link_state(lab, plan, plan.node(node_name), port, state == "up")
+    elif step.wait is not None:
+        time.sleep(step.wait / 1e9)
+
+
+def _tc(plan, lab, spec: dict) -> None:
+    from labctl.dataplane import control
+    from labctl.dataplane.tcset import set_port_rate
+    from labctl.units import parse_rate, parse_size
+    node_name, _, port = spec.pop("target").partition(":")
+    node = plan.node(node_name)
+    class_name = spec.pop("class", None)
+    if "rate" in spec:
+        set_port_rate(node, node.iface(port), parse_rate(spec.pop("rate")))
+    changes = {}
+    for k, v in spec.items():
+        if k in ("ecn", "pfc"):
+            changes[k] = v in (True, "on")
+        elif k == "pmax":
+            changes[k] = float(v)
+        else:
+            changes[k] = parse_size(v)
+    if changes:
+        control.apply(lab.path, plan, node, port or None, class_name, changes)
+
+
+def judge(exp: Experiment, metrics: dict[str, dict]) -> list[dict]:
+    points = [f"@{v}" for v in exp.sweep.values] if exp.sweep else [""]
+    out = []
+    for e in exp.expect:
+        what = e.what or f"{e.metric} of {e.run}"
+        if e.trend:
+            seq = [metrics[e.run + p][e.metric] for p in points]
+            ok = all((b > a) if e.trend == "increasing" else (b < a) for a, b in zip(seq, seq[1:]))
+            out.append({"what": what, "passed": ok, "measured": f"{e.metric} of {e.run} over "
+                        f"{exp.sweep.var} = {', '.join(map(str, exp.sweep.values))}: "
+                        f"{', '.join(_fmt(x) for x in seq)} ({e.trend} expected)"})
+            continue
+        for p in ([""] if "@" in e.run else points):
+            left = metrics[e.run + p][e.metric]
+            if e.than:
+                other = e.than.metric or e.metric
+                them = e.than.run if "@" in e.than.run else e.than.run + p
+                base = metrics[them][other]
+                right = base * e.factor
+                rhs = (f"{_fmt(e.factor)} x {other} of {them} ({_fmt(base)}) = {_fmt(right)}" if e.factor != 1
+                       else f"{other} of {them} ({_fmt(base)})")
+            else:
+                right, rhs = e.value, _fmt(e.value)
+            ok = OPS[e.op](left, right)
+            out.append({"what": what, "passed": bool(ok),
+                        "measured": f"{e.metric} of {e.run + p} = {_fmt(left)} {e.op} {rhs}"})
+    return out
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.4g}" if isinstance(x, float) and not float(x).is_integer() else f"{int(x)}"
+
+
+def draw(plan, runs: dict[str, Path], out: Path) -> dict[str, list[str]]:
+    """The plots of every run, into the run directory; paths relative to `out`."""
+    figures: dict[str, list[str]] = {}
+    for name, run_dir in runs.items():
+        made = []
+        doc = json.loads((run_dir / "results.json").read_text())
+        drawings = [("queue_depth.png", lambda p: plots.queue_depth(run_dir, plan, p)),
+                    ("throughput.png", lambda p: plots.throughput(run_dir, p)),
+                    ("ecmp_balance.png", lambda p: plots.ecmp_balance(run_dir, plan, p)),
+                    ("pauses_marks.png", lambda p: plots.pauses_and_marks(run_dir, p))]
+        if doc["results"]:
+            drawings += [("timeline.png", lambda p: plots.timeline(run_dir, p)),
+                         ("sender_rates.png", lambda p: plots.sender_rates(run_dir, p))]
+        for file, draw_one in drawings:
+            draw_one(run_dir / file)
+            made.append(str((run_dir / file).relative_to(out)))
+        figures[name] = made
+    return figures
+
+
+def experiment_files(target: Path) -> list[Path]:
+    if target.is_dir():
+        files = sorted(p for p in target.glob("*.yml"))
+        if not files:
+            raise LabError(f"{target} holds no experiment files (*.yml)")
+        return files
+    return [target]
+
+
+def is_experiment(path: Path) -> bool:
+    """An experiment file has steps:; a workload file does not."""
+    if path.is_dir():
+        return True
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return False
+    return isinstance(data, dict) and "steps" in data
+
+
+__all__ = ["run_experiment", "experiment_files", "is_experiment", "METRICS", "InputError"]

@@ -1,0 +1,170 @@
+"""The experiment file, validated whole before anything is built.
+
+    name: incast-pfc
+    description: an 8:1 incast with PFC on, then off
+    topology: ../topologies/leaf-spine.yml      # a lab file, relative to this file
+    set: [scale_up=false]                       # template variables (like `up --set`)
+    sweep: {var: distance, values: [1, 10, 25]} # optional: the whole experiment once per value
+    captures:
+      - {port: leaf1:srv1-gpu0, snaplen: 128, filter: "udp port 4791 or ether proto 0x8808"}
+    steps:
+      - run: ../workloads/incast.yml            # or an inline workload mapping
+        as: pfc_on
+      - tc: {target: leaf1, pfc: "off"}         # labctl tc set
+      - link: {down: leaf1:spine1}              # or {up: ...}
+      - wait: 1s
+    expect:
+      - {run: pfc_on, metric: lossless_drops, op: "==", value: 0, what: "PFC keeps RoCE lossless"}
+      - {run: qps4, metric: uplink_imbalance, op: "<", than: {run: qps1}, what: "..."}
+      - {run: ar, metric: time_s, trend: increasing, what: "longer WAN, slower all-reduce"}   # over a sweep
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+
+from labctl.errors import InputError
+from labctl.topology.load import _input_error
+from labctl.topology.yamlpos import load_yaml_file
+from labctl.units import parse_duration_ns
+
+METRICS = {
+    "time_s": "lab seconds of the run's collectives (summed over iterations and sizes)",
+    "busbw": "bus bandwidth, lab GB/s (mean over sizes)",
+    "ideal_busbw": "the alpha-beta bound's bus bandwidth, lab GB/s",
+    "ratio": "time / alpha-beta ideal (1.0 = at the bound)",
+    "wrong": "transfers (slices) the receivers never got or got wrong (#wrong)",
+    "gaps": "RoCE packets lost (PSN gaps at receivers)",
+    "retransmits": "RoCE packets resent by go-back-N",
+    "ce_marks": "CE-marked RoCE packets seen by receivers",
+    "drops": "packets dropped by any queue during the run",
+    "lossless_drops": "packets dropped by lossless-class queues during the run",
+    "ecn_marked": "packets switches marked CE during the run",
+    "pfc_tx": "PFC frames sent during the run",
+    "pfc_rx": "PFC frames received during the run",
+    "max_depth": "deepest lossless-class queue seen (bytes)",
+    "uplink_imbalance": "max / mean bytes over a leaf's uplinks (1 = balanced), worst leaf",
+    "wan_bytes": "bytes the WAN line delivered during the run",
+    "tcp_goodput_bps": "TCP flows' bytes x 8 / their span, lab bit/s",
+    "fsdp_bytes_ratio": "FSDP: bytes sent per rank / (3(n-1)/n x model) (1 = as FSDP predicts)",
+    "victim_time_s": "lab seconds the workload's victim: transfer took, beside the collectives",
+}
+Duration = Annotated[int, BeforeValidator(parse_duration_ns)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Capture(Strict):
+    port: str = Field(description="NODE:PORT to capture on")
+    snaplen: int = Field(128, ge=0, le=65535, description="bytes kept per frame (0: all); 128 keeps BTH/RETH/AETH")
+    filter: str = Field("", description="a capture filter, e.g. udp port 4791")
+
+
+class Sweep(Strict):
+    var: str = Field(description="the template variable to sweep")
+    values: list[Any] = Field(min_length=2, description="its values, one run of the steps each")
+
+
+class Step(Strict):
+    run: str | dict | None = Field(None, description="a workload file (relative to this file) or an inline workload")
+    as_: str | None = Field(None, alias="as", pattern=r"^[a-z][a-z0-9_]*$", description="the run's name")
+    tc: dict | None = Field(None, description="labctl tc set: {target, rate, ecn, kmin, kmax, pmax, pfc, xoff, xon, class}")
+    link: dict[Literal["down", "up"], str] | None = Field(None, description="{down: NODE:PORT} or {up: NODE:PORT}")
+    wait: Duration | None = Field(None, description="sleep this long (lab time), e.g. 1s")
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    @model_validator(mode="after")
+    def exactly_one(self):
+        given = [k for k in ("run", "tc", "link", "wait") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("a step is one of run:, tc:, link: or wait:" + (f" (got {', '.join(given)})" if given else ""))
+        if self.as_ and self.run is None:
+            raise ValueError("as: names a run: step")
+        return self
+
+
+class Other(Strict):
+    run: str
+    metric: str | None = None
+
+
+class Expectation(Strict):
+    run: str
+    metric: str
+    op: Literal["==", "!=", "<", "<=", ">", ">="] | None = None
+    value: float | None = None
+    than: Other | None = None
+    factor: float = 1.0
+    trend: Literal["increasing", "decreasing"] | None = None
+    what: str = ""
+
+    @model_validator(mode="after")
+    def one_form(self):
+        if self.trend is None and (self.op is None or (self.value is None) == (self.than is None)):
+            raise ValueError("an expectation needs op: with value: or than:, or trend: over a sweep")
+        return self
+
+
+class Experiment(Strict):
+    name: str = Field(pattern=r"^[a-z][a-z0-9-]*$")
+    description: str = ""
+    topology: str = Field(description="the lab file, relative to this file")
+    set: list[str] = Field(default_factory=list, description="template variables, VAR=VALUE")
+    sweep: Sweep | None = None
+    captures: list[Capture] = Field(default_factory=list)
+    steps: list[Step] = Field(min_length=1)
+    expect: list[Expectation] = Field(default_factory=list)
+
+
+def load_experiment(path: Path) -> tuple[Experiment, str]:
+    text, data, smap = load_yaml_file(path, "experiment", "name:, topology:, steps:", "experiments/incast-pfc.yml")
+    try:
+        exp = Experiment.model_validate(data)
+    except ValidationError as exc:
+        raise _input_error(exc, smap, Experiment) from None
+    _check(exp, path, smap)
+    return exp, text
+
+
+def _check(exp: Experiment, path: Path, smap) -> None:
+    """Cross-key checks: files exist, runs named once, expectations name known runs and metrics."""
+    base = path.parent
+    if not (base / exp.topology).is_file():
+        raise InputError(smap.where(("topology",)), f"topology file {exp.topology!r} not found (relative to {base})",
+                         "give the lab file's path relative to the experiment file")
+    names = []
+    for k, step in enumerate(exp.steps):
+        if isinstance(step.run, str) and not (base / step.run).is_file():
+            raise InputError(smap.where(("steps", k, "run")), f"workload file {step.run!r} not found",
+                             "give the workload's path relative to the experiment file, or write it inline")
+        if step.run is not None:
+            name = step.as_ or f"run{k + 1}"
+            if name in names:
+                raise InputError(smap.where(("steps", k)), f"two runs are named {name!r}", "give each run its own as:")
+            names.append(name)
+        if step.tc is not None and "target" not in step.tc:
+            raise InputError(smap.where(("steps", k, "tc")), "tc: needs target: NODE or NODE:PORT",
+                             "e.g. tc: {target: leaf1, pfc: \"off\"}")
+    points = [str(v) for v in exp.sweep.values] if exp.sweep else []
+    for k, e in enumerate(exp.expect):
+        refs = [(e.run, e.metric, ("expect", k))]
+        if e.than:
+            refs.append((e.than.run, e.than.metric or e.metric, ("expect", k, "than")))
+        for run, metric, key in refs:
+            base_name, _, point = run.partition("@")
+            if base_name not in names:
+                raise InputError(smap.where(key + ("run",)), f"expectation names run {run!r}, which no step makes",
+                                 f"runs: {', '.join(names) or 'none'} (name a run step with as:)")
+            if point and point not in points:
+                raise InputError(smap.where(key + ("run",)), f"{run!r}: {point!r} is not a sweep value",
+                                 f"sweep values: {', '.join(points) or 'no sweep'}")
+            if metric not in METRICS:
+                raise InputError(smap.where(key + ("metric",)), f"unknown metric {metric!r}",
+                                 "metrics: " + ", ".join(METRICS))
+        if e.trend and not exp.sweep:
+            raise InputError(smap.where(("expect", k, "trend")), "trend: needs a sweep: to go over",
+                             "add sweep: {var: ..., values: [...]} or compare runs with op:")
