@@ -4,6 +4,8 @@ The default snaplen, 128 bytes, keeps Ethernet, IPv4, UDP, BTH, RETH and AETH of
 (and whole PFC frames) without the payload; use 0 for whole frames, e.g. to decrypt ESP.
 Open a file with `wireshark FILE` or `tshark -r FILE --disable-protocol rpcordma`; the RoCE
 dissector is "RRoCE" (UDP 4791) and PFC frames are "MAC Control, Class Based Flow Control".
+A port's own PFC frames leave without queueing (PACKET_QDISC_BYPASS, as MAC control frames skip a
+NIC's queues), which also skips its capture tap: capture pauses at the neighbour that receives them.
 """
 from __future__ import annotations
 

@@ -138,6 +138,9 @@ def test_doctor_finds_what_this_kernel_has_and_leaves_nothing(state_dir):
         assert kernel[kind] == ok, kind
     features = {f["feature"]: f for f in report["features"]}
     assert "HTB" in features["shaping"]["mechanism"]
-    if not kernel["netem"]:
-        assert "delay line" in features["WAN delay"]["mechanism"]
+    assert "labctl.wan.line" in features["WAN delay, loss, jitter"]["mechanism"]
+    assert ("(no netem here)" in features["WAN delay, loss, jitter"]["mechanism"]) == (not kernel["netem"])
+    assert "user-space ESP" in features["WAN encryption"]["mechanism"]
+    assert all(f["status"] == "in use" for f in report["features"]
+               if f["feature"] in ("ECN marking", "PFC pause", "WAN delay, loss, jitter", "WAN encryption"))
     assert set(lab_namespaces("")) == before

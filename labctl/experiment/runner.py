@@ -35,7 +35,7 @@ def prepare(path: Path, out: Path) -> tuple[Experiment, str, dict[int, LoadedWor
     """Load and check everything the experiment will use, before anything is built."""
     from labctl.plan.compile import compile_plan
     from labctl.topology.load import load_topology
-    exp, text = load_experiment(path)
+    exp, text, smap = load_experiment(path)
     workloads = {}
     out.mkdir(parents=True, exist_ok=True)
     for k, step in enumerate(exp.steps):
@@ -48,7 +48,13 @@ def prepare(path: Path, out: Path) -> tuple[Experiment, str, dict[int, LoadedWor
         else:
             workloads[k] = load_workload(path.parent / step.run)
     for value in exp.sweep.values if exp.sweep else [None]:
-        compile_plan(load_topology(str(path.parent / exp.topology), _sets(exp, value), lab_name(exp)))
+        try:
+            compile_plan(load_topology(str(path.parent / exp.topology), _sets(exp, value), lab_name(exp)))
+        except InputError as exc:
+            if exc.where is None or exc.where.file != "--set":
+                raise
+            key = ("sweep", "var") if exp.sweep and exc.where.key == exp.sweep.var else ("set",)
+            raise InputError(smap.where(key), f"{exc.message} (in {exp.topology})", exc.fix) from None
     return exp, text, workloads
 
 

@@ -120,14 +120,14 @@ class Experiment(Strict):
     expect: list[Expectation] = Field(default_factory=list)
 
 
-def load_experiment(path: Path) -> tuple[Experiment, str]:
+def load_experiment(path: Path) -> tuple[Experiment, str, object]:
     text, data, smap = load_yaml_file(path, "experiment", "name:, topology:, steps:", "experiments/incast-pfc.yml")
     try:
         exp = Experiment.model_validate(data)
     except ValidationError as exc:
         raise _input_error(exc, smap, Experiment) from None
     _check(exp, path, smap)
-    return exp, text
+    return exp, text, smap
 
 
 def _check(exp: Experiment, path: Path, smap) -> None:

@@ -164,7 +164,7 @@ def _inner_model(annotation):
 
 def _allowed_keys(parent: tuple, root=None) -> list[str]:
     model = _model_at(parent, root)
-    return list(model.model_fields) if model is not None else []
+    return [f.alias or name for name, f in model.model_fields.items()] if model is not None else []
 
 
 def _field_help(loc: tuple, root=None) -> str | None:

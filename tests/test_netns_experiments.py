@@ -1,0 +1,102 @@
+"""The bundled experiments, end to end with one command: they pass, leave nothing, and their
+plots and captures show what the run did."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import lab_namespaces, require_root
+from labctl.experiment import plots
+from labctl.plan.model import LabPlan
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.netns
+
+
+def tshark(pcap: Path, *fields: str, display: str = "") -> list[list[str]]:
+    args = ["tshark", "-r", str(pcap), "--disable-protocol", "rpcordma", "-T", "fields"]
+    for f in fields:
+        args += ["-e", f]
+    if display:
+        args += ["-Y", display]
+    out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+    return [line.split("\t") for line in out.splitlines()]
+
+
+@pytest.fixture(scope="module")
+def all_experiments(tmp_path_factory):
+    """`labctl run experiments/` once, as a user would, with this test's lab prefix and state dir."""
+    require_root()
+    import uuid
+    prefix = f"ltx{uuid.uuid4().hex[:4]}-"
+    out = tmp_path_factory.mktemp("experiments")
+    env = {**os.environ, "LABCTL_STATE_DIR": str(out / "state"), "LABCTL_EXPERIMENT_PREFIX": prefix}
+    r = subprocess.run([sys.executable, "-m", "labctl", "run", str(ROOT / "experiments"), "--out", str(out / "runs")],
+                       capture_output=True, text=True, env=env, cwd=str(ROOT), timeout=1500)
+    left = lab_namespaces(prefix)
+    for ns in left:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    return r, out / "runs", left, prefix
+
+
+def test_every_bundled_experiment_passes_and_leaves_nothing_behind(all_experiments):
+    r, runs, left, prefix = all_experiments
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "7 of 7 experiments passed" in r.stdout, r.stdout[-2000:]
+    assert left == [], left
+    stray = subprocess.run(["pgrep", "-f", prefix], capture_output=True, text=True).stdout
+    assert stray == "", stray
+    for exp in (ROOT / "experiments").glob("*.yml"):
+        (out,) = [d for d in runs.iterdir() if d.name.endswith(exp.stem)]
+        report = (out / "report.md").read_text()
+        # the report opens with the answer, with numbers, before anything else
+        assert report.split("\n## ")[1].startswith("Answer\n\n**") and " of " in report.split("\n## ")[1]
+        for png in (out / "runs").glob("*/*.png"):
+            assert png.stat().st_size > 10_000 and f"]({png.relative_to(out)})" in report
+
+
+def test_plots_draw_the_runs_own_counters(all_experiments, tmp_path):
+    _, runs, _, _ = all_experiments
+    (out,) = [d for d in runs.iterdir() if d.name.endswith("incast-pfc")]
+    run_dir = out / "runs" / "pfc_on"
+    plan = LabPlan.from_dict(json.loads((run_dir / "plan.json").read_text()))
+    depth = plots.queue_depth(run_dir, plan, tmp_path / "q.png")
+    with open(run_dir / "queues.csv") as f:
+        rows = list(csv.DictReader(f))
+    for label, (t, y) in depth.items():
+        node, rest = label.split("→")
+        port, cls = rest.split(" ")
+        mine = [r for r in rows if (r["node"], r["port"], r["class"]) == (node, port, cls)]
+        assert t == [float(r["t_s"]) for r in mine] and y == [int(r["depth_bytes"]) / 1e3 for r in mine]
+        assert max(y) > 100 and min(y) == 0          # the incast filled the queue and it drained
+    marks = plots.pauses_and_marks(run_dir, tmp_path / "p.png")
+    last = {}
+    first = {}
+    for r in rows:
+        first.setdefault((r["node"], r["port"], r["class"]), r)
+        last[(r["node"], r["port"], r["class"])] = r
+    pauses = sum(float(last[k]["pfc_tx"]) - float(first[k]["pfc_tx"]) for k in last)
+    assert sum(marks["PFC frames sent"][1]) == pytest.approx(pauses) and pauses > 0
+    doc = json.loads((run_dir / "results.json").read_text())
+    gantt = plots.timeline(run_dir, tmp_path / "t.png")
+    for rank, pr in doc["results"][0]["per_rank"].items():
+        assert gantt[f"rank {rank}"][0] == [s[1] for s in pr["sends"]]
+
+
+def test_captures_decode_as_roce_pfc_and_show_ce_marks(all_experiments):
+    _, runs, _, _ = all_experiments
+    (out,) = [d for d in runs.iterdir() if d.name.endswith("incast-pfc")]
+    roce = tshark(out / "captures" / "leaf1_srv1-gpu0.pcapng", "frame.protocols", "infiniband.bth.opcode",
+                  "infiniband.bth.destqp", "ip.dsfield.ecn", display="udp.dstport == 4791")
+    assert len(roce) > 1000 and all(p[0].endswith("udp:infiniband") for p in roce)
+    assert {p[1] for p in roce} <= {"6", "7", "8", "9", "10", "11", "17", "129"} and "7" in {p[1] for p in roce}
+    assert all(int(p[2], 0) >= 2 for p in roce)                # QPN >= 2 (QP1 would decode as MADs)
+    assert sum(1 for p in roce if p[3] == "3") > 0            # CE marks the leaf set, on the wire
+    pfc = tshark(out / "captures" / "spine1_leaf1.pcapng", "frame.protocols", "macc.opcode", "macc.cbfc.enbv")
+    assert pfc and all(p[0] == "eth:ethertype:macc" and p[1] == "0x0101" for p in pfc), pfc[:3]
