@@ -100,3 +100,38 @@ def test_captures_decode_as_roce_pfc_and_show_ce_marks(all_experiments):
     assert sum(1 for p in roce if p[3] == "3") > 0            # CE marks the leaf set, on the wire
     pfc = tshark(out / "captures" / "spine1_leaf1.pcapng", "frame.protocols", "macc.opcode", "macc.cbfc.enbv")
     assert pfc and all(p[0] == "eth:ethertype:macc" and p[1] == "0x0101" for p in pfc), pfc[:3]
+
+
+def test_link_and_wait_steps_reroute_and_restore(state_dir, lab_name, tmp_path, monkeypatch):
+    """A test experiment (tests/experiments/link-failure.yml): link down between two runs, then up."""
+    require_root()
+    from labctl.experiment.runner import run_experiment
+    monkeypatch.setenv("LABCTL_EXPERIMENT_PREFIX", lab_name + "-")
+    doc = run_experiment(ROOT / "tests" / "experiments" / "link-failure.yml", tmp_path / "out", say=lambda m: None)
+    assert doc["passed"], doc["expectations"]
+    assert doc["metrics"]["after"]["uplink_imbalance"] >= 1.99 > doc["metrics"]["before"]["uplink_imbalance"]
+    assert lab_namespaces(lab_name) == []
+
+
+def test_capture_command_writes_pcapng_until_interrupted(built_lab, lab_name, state_dir, tmp_path):
+    """`labctl capture NODE:PORT -w FILE -- FILTER` as a user runs it: Ctrl-C ends it with a pcapng file."""
+    import signal
+    import time
+    require_root()
+    from netutil import ping
+    plan = built_lab(ROOT / "topologies" / "leaf-spine.yml")
+    out = tmp_path / "leaf1.pcapng"
+    env = {**os.environ, "LABCTL_STATE_DIR": str(state_dir)}
+    p = subprocess.Popen([sys.executable, "-m", "labctl", "capture", "leaf1:srv1-gpu0", "-w", str(out), "--lab",
+                          lab_name, "--", "icmp"], env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 10
+    while not out.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    dst = plan.node("srv1-gpu0").interfaces[0].address.split("/")[0]
+    ping(plan.node("srv2-gpu1").namespace, dst, count=3).wait(timeout=10)
+    time.sleep(0.3)
+    p.send_signal(signal.SIGINT)
+    p.wait(timeout=10)
+    rows = tshark(out, "frame.protocols", "icmp.type")
+    assert open(out, "rb").read(4) == b"\x0a\x0d\x0d\x0a"            # pcapng section header
+    assert [r[1] for r in rows].count("8") == 3 and all("icmp" in r[0] for r in rows), rows

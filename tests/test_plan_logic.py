@@ -122,3 +122,32 @@ def test_scale_up_domains_are_separate_islands(plan):
     nvs1 = plan.node("srv1-nvs")
     srv2_nvlink = {lk.subnet for lk in plan.links if "srv2-nvs" in lk.b}
     assert srv2_nvlink and not srv2_nvlink & {r.dst for r in nvs1.routes}
+
+
+def test_zones_route_through_the_wan_with_ecmp_over_parallel_links_and_weights(tmp_path):
+    """Scale-across: a zone's own prefixes never leave it; the other zone is reached through the
+    DCI router, which spreads over both parallel WAN links, in proportion to their weights."""
+    from labctl.plan.compile import compile_plan
+    from labctl.topology.load import load_topology
+    root = Path(__file__).resolve().parents[1]
+    plan = compile_plan(load_topology(root / "topologies" / "scale-across.yml", ["wan_links=2"]))
+    dci = plan.node("z1-dci1")
+    wan_ports = [i.name for i in dci.interfaces if plan.fabrics[i.fabric].kind == "scale-across"]
+    assert len(wan_ports) == 2
+    far = plan.node("z2-srv1-gpu0").interfaces[0]
+    route = next(r for r in dci.routes if r.dst == plan.links[far.link].subnet)
+    assert sorted(h.dev for h in route.nexthops) == sorted(wan_ports)
+    leaf = plan.node("z1-leaf1")
+    near = plan.node("z1-srv2-gpu1").interfaces[0]
+    inside = next(r for r in leaf.routes if r.dst == plan.links[near.link].subnet)
+    assert all(plan.node(leaf.iface(h.dev).peer_node).zone == "z1" for h in inside.nexthops)
+    # weights: a copy of the rendered lab with one WAN link weighted 3
+    text = load_topology(root / "topologies" / "scale-across.yml", ["wan_links=2"]).text
+    lines = text.splitlines()
+    k = next(i for i, line in enumerate(lines) if "z2-dci1]" in line and "distance" in line)
+    lines[k] = lines[k].replace("distance:", "weight: 3, distance:")
+    f = tmp_path / "w.yml"
+    f.write_text("\n".join(lines) + "\n")
+    weighted = compile_plan(load_topology(f)).node("z1-dci1")
+    route = next(r for r in weighted.routes if r.dst == plan.links[far.link].subnet)
+    assert sorted(h.weight for h in route.nexthops) == [1, 3]

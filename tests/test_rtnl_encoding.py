@@ -37,6 +37,11 @@ def test_multipath_route():
     assert [(h["oif"], h.get_attr("RTA_GATEWAY")) for h in hops] == [(2, "10.1.0.1"), (3, "10.1.0.3")]
 
 
+def test_weighted_multipath_route_carries_weights_as_hops():
+    m = _decode(rtmsg, rtnl.route_add("10.1.0.18/31", [("10.1.0.1", 2, 3), ("10.1.0.3", 3, 1)]))
+    assert [(h["oif"], h["hops"]) for h in m.get_attr("RTA_MULTIPATH")] == [(2, 2), (3, 0)]  # weight - 1
+
+
 def test_single_route():
     m = _decode(rtmsg, rtnl.route_add("10.0.0.0/16", [("10.1.0.17", 4)]))
     assert m.get_attr("RTA_GATEWAY") == "10.1.0.17" and m.get_attr("RTA_OIF") == 4
