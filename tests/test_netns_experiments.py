@@ -127,11 +127,12 @@ def test_capture_command_writes_pcapng_until_interrupted(built_lab, lab_name, st
     deadline = time.monotonic() + 10
     while not out.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
+    time.sleep(1.0)   # dumpcap writes the file's header before its capture loop is running
     dst = plan.node("srv1-gpu0").interfaces[0].address.split("/")[0]
     ping(plan.node("srv2-gpu1").namespace, dst, count=3).wait(timeout=10)
     time.sleep(0.3)
     p.send_signal(signal.SIGINT)
     p.wait(timeout=10)
-    rows = tshark(out, "frame.protocols", "icmp.type")
+    rows = tshark(out, "frame.protocols", "icmp.type", "icmp.seq")
     assert open(out, "rb").read(4) == b"\x0a\x0d\x0d\x0a"            # pcapng section header
     assert [r[1] for r in rows].count("8") == 3 and all("icmp" in r[0] for r in rows), rows

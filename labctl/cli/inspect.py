@@ -157,7 +157,10 @@ def capture(target, bpf, out, snaplen, lab_name):
     path = out or file_name(target)
     if path != "-":
         click.echo(f"capturing {target} to {path} (Ctrl-C to stop)", err=True)
+    import signal
+    p = subprocess.Popen(command(ns, port, path, snaplen, " ".join(bpf)))
     try:
-        raise SystemExit(subprocess.call(command(ns, port, path, snaplen, " ".join(bpf))))
+        raise SystemExit(p.wait())
     except KeyboardInterrupt:
-        pass
+        p.send_signal(signal.SIGINT)   # dumpcap flushes and closes the file on SIGINT (a kill would lose the tail)
+        p.wait(timeout=10)
