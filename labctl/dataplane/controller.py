@@ -41,6 +41,7 @@ class Switch:
     pfc: dict = field(default_factory=dict)       # (ifindex, leaf major) -> pfcport.Port
     request: tuple = (b"", [])
     feeders: dict = field(default_factory=dict)   # egress port -> ingress ports that feed it
+    asserting: bool = False                       # some port is pausing its neighbour
     polls: int = 0
 
 
@@ -53,7 +54,10 @@ class Controller:
         self.generation = 0
         self.last_written: tuple = ()
         self.classes = {}   # (node, ifindex, tc) -> (node, iface, cls), for applying control.json
-        self.switches: list[Switch] = []
+        self.switches: list[Switch] = []    # nodes with queues to watch, polled every loop
+        self.nodes: list[Switch] = []       # every node the controller serves (hosts obey PFC too)
+        self.pfc_by_fd: dict[int, pfcport.Port] = {}
+        self.pfc_fds: list[int] = []
         self.pfc_ports: list[pfcport.Port] = []
         macs = {(n.name, i.name): i.mac for n in plan.nodes for i in n.interfaces}
         for node in plan.nodes:
@@ -81,7 +85,11 @@ class Controller:
                 self.pfc_ports.append(port)
             sw.wanted = set(sw.ecn_ports) | (set(sw.pfc) if node.forwarding else set())
             sw.request = qdepth.get_requests(sw.wanted)
-            self.switches.append(sw)
+            self.nodes.append(sw)
+            self.pfc_by_fd.update({p.fileno(): p for p in sw.pfc.values()})
+            self.pfc_fds = list(self.pfc_by_fd)
+            if sw.wanted:
+                self.switches.append(sw)   # hosts only obey pauses: their sockets are served by select
 
     def _settings(self, overrides: dict, node: str, ifindex: int, tc: int) -> control.PortSettings:
         n, i, c = self.classes[(node, ifindex, tc)]
@@ -100,7 +108,7 @@ class Controller:
         self.control_mtime = mtime
         doc = control.load(self.lab_dir)
         now = time.monotonic()
-        for sw in self.switches:
+        for sw in self.nodes:
             for key, (tc, _) in list(sw.ecn_ports.items()):
                 sw.ecn_ports[key] = (tc, self._settings(doc["ports"], sw.node.name, key[0], tc))
             for port in sw.pfc.values():
@@ -143,21 +151,40 @@ class Controller:
                     congested.add(port.iface.name)
         if sw.node.forwarding and sw.pfc:
             self._assert_pfc(sw, congested, now)
-        for port in sw.pfc.values():
-            port.receive(now)
-            port.expire(now)
-            busy = busy or bool(port.state.paused_until)
         sw.polls += 1
         return busy
+
+    def service_pfc(self, now: float) -> bool:
+        """Obey PFC frames that arrived (one select over every port instead of a recv on each) and
+        end pauses that ran out; True while any class is held."""
+        if self.pfc_fds:
+            readable, _, _ = select.select(self.pfc_fds, [], [], 0)
+            for fd in readable:
+                self.pfc_by_fd[fd].receive(now)
+        held = False
+        for port in self.pfc_ports:
+            if port.state.paused_until:
+                port.expire(now)
+                held = held or bool(port.state.paused_until)
+        return held
+
+    def step(self) -> bool:
+        """One loop: every watched queue once, then the PFC sockets; True if anything is busy."""
+        busy = any([self.poll(sw) for sw in self.switches])
+        return self.service_pfc(time.monotonic()) or busy
 
     @staticmethod
     def _assert_pfc(sw: Switch, congested: set[str], now: float) -> None:
         """Pause the ports that feed a lossless egress queue past XOFF; XON once none they feed is."""
+        if not congested and not sw.asserting:
+            return                       # the common case: nothing to pause, nothing to release
+        sw.asserting = False
         for port in sw.pfc.values():
             wanted = port.settings.pfc and any(port.iface.name in sw.feeders.get(e, ()) for e in congested)
             quanta = port.state.decide(wanted, now, port.iface.shaping.rate_bps, port.cls.pfc_quanta)
             if quanta is not None:
                 port.send_pfc(quanta, now)
+            sw.asserting = sw.asserting or port.state.asserting
 
     def write_counters(self, now: float, force: bool = False) -> None:
         """pfc.json, when a counter or the applied generation changed (or `force`)."""
@@ -178,9 +205,9 @@ class Controller:
             start = time.monotonic()
             self.check_control()
             try:
-                busy = any([self.poll(sw) for sw in self.switches])
+                busy = self.step()
             except (OSError, rtnl.NetlinkError):
-                if stop_when_gone and not any(nsutil.exists(sw.node.namespace) for sw in self.switches):
+                if stop_when_gone and not any(nsutil.exists(n.namespace) for n in self.plan.nodes):
                     return  # the lab is gone
                 raise
             if start - last_counters >= COUNTERS_EVERY:
@@ -191,7 +218,7 @@ class Controller:
             delay = (FAST if busy else IDLE) - (time.monotonic() - start)
             if delay > 0:
                 # wake at once when a PFC frame arrives on any port
-                select.select(self.pfc_ports, [], [], delay) if self.pfc_ports else time.sleep(delay)
+                select.select(self.pfc_fds, [], [], delay) if self.pfc_fds else time.sleep(delay)
 
 
 def needed(plan: LabPlan) -> bool:
