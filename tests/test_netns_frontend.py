@@ -29,23 +29,27 @@ def allreduce_seconds(plan, tmp_path: Path, tag: str, checkpoint: bool) -> tuple
 
 
 def test_checkpoints_on_the_frontend_leave_the_backend_alone_but_not_on_the_backend(built_lab, lab_name, tmp_path):
-    """Measured: 8.93 s alone, 8.89 s with the storage link saturated on the frontend; 8.91 s -> 10.47 s when
-    storage is cabled to the backend (the TCP class shares the GPU NICs and leaf ports)."""
+    """Storage as fast as four GPU NICs (1600G), so the checkpoints take all the network gives them.
+    Measured: 8.90 s alone, 8.90 s with every GPU's frontend NIC full; 8.89 s -> 10.84 s when storage
+    is cabled to the backend (the TCP class shares the GPU NICs and leaf ports). With storage at
+    400G the backend case slowed by 17% in one run and not at all in another: too little TCP."""
     require_root()
-    plan = built_lab(AI_CLUSTER)
+    sets = ["storage_rate=1600G"]
+    plan = built_lab(AI_CLUSTER, sets)
     stor = plan.node("stor1")
     assert {plan.fabrics[i.fabric].kind for i in stor.interfaces} == {"frontend"}
     alone, _ = allreduce_seconds(plan, tmp_path, "alone", False)
     loaded, tcp = allreduce_seconds(plan, tmp_path, "frontend", True)
-    rate = stor.interfaces[0].shaping.rate_bps
-    assert tcp["tcp_bytes"] * 8 > 0.8 * rate * loaded, tcp        # the storage link was saturated
+    nics = sum(i.shaping.rate_bps for n in plan.nodes if n.kind == "gpu" for i in n.interfaces
+               if plan.fabrics[i.fabric].kind == "frontend")
+    assert tcp["tcp_bytes"] * 8 > 0.8 * nics * loaded, tcp        # the frontend NICs were full
     assert loaded == pytest.approx(alone, rel=0.05), (alone, loaded)
     labmod.down(lab_name)
-    plan = built_lab(AI_CLUSTER, ["storage_on=backend"])
+    plan = built_lab(AI_CLUSTER, sets + ["storage_on=backend"])
     assert {plan.fabrics[i.fabric].kind for i in plan.node("stor1").interfaces} == {"scale-out"}
     alone_b, _ = allreduce_seconds(plan, tmp_path, "backend-alone", False)
     loaded_b, tcp_b = allreduce_seconds(plan, tmp_path, "backend-loaded", True)
     print(f"all-reduce: {alone:.2f} s alone, {loaded:.2f} s with frontend checkpoints; "
           f"storage on the backend: {alone_b:.2f} s alone, {loaded_b:.2f} s with checkpoints")
-    assert tcp_b["tcp_bytes"] > 0
+    assert tcp_b["tcp_bytes"] > tcp["tcp_bytes"]   # the backend NICs let the checkpoints take more
     assert loaded_b > 1.10 * alone_b, (alone_b, loaded_b)
