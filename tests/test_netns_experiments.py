@@ -136,3 +136,16 @@ def test_capture_command_writes_pcapng_until_interrupted(built_lab, lab_name, st
     rows = tshark(out, "frame.protocols", "icmp.type", "icmp.seq")
     assert open(out, "rb").read(4) == b"\x0a\x0d\x0d\x0a"            # pcapng section header
     assert [r[1] for r in rows].count("8") == 3 and all("icmp" in r[0] for r in rows), rows
+
+
+def test_every_capture_of_every_experiment_decodes(all_experiments):
+    """Each pcapng the experiments wrote opens in tshark and holds what its filter asked for."""
+    _, runs, _, _ = all_experiments
+    pcaps = sorted(runs.glob("*/captures/*.pcapng"))
+    assert len(pcaps) >= 3
+    for pcap in pcaps:
+        rows = [r[0] for r in tshark(pcap, "frame.protocols")]
+        assert rows, pcap
+        assert all(p == "eth:ethertype:macc" or p.endswith("udp:infiniband") or ":arp" in p or ":icmp" in p
+                   for p in rows), (pcap, set(rows))
+        assert any(p.endswith("udp:infiniband") or p.endswith("macc") for p in rows), pcap

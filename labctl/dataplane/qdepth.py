@@ -67,24 +67,15 @@ def get_requests(wanted: set[tuple[int, int]]) -> tuple[bytes, list[tuple[int, i
     return buf, keys
 
 
-_RX = bytearray(1 << 16)     # replies are read into one buffer: a fresh 1 MB bytes per recv cost more
-_AT: dict[tuple[int, int, int], int] = {}   # (socket, seq, length) -> where that reply keeps its backlog
-
-
 def backlogs_get(sock: socket.socket, request: tuple[bytes, list]) -> dict[tuple[int, int], int]:
-    """Backlogs of exactly the queues in a prepared request: the kernel serialises only those.
-
-    A queue's reply has the same layout every time, so where its backlog sits is remembered after
-    the first walk and checked (the attribute type there) before it is trusted."""
+    """Backlogs of exactly the queues in a prepared request: the kernel serialises only those."""
     buf, keys = request
     unpack = struct.unpack_from
     sock.sendall(buf)
     out: dict[tuple[int, int], int] = {}
-    data = _RX
-    fd = sock.fileno()
     while len(out) < len(keys):
-        end = sock.recv_into(data)
-        off = 0
+        data = sock.recv(1 << 20)
+        off, end = 0, len(data)
         while off + 16 <= end:
             length, kind, _flags, seq = unpack("IHHI", data, off)
             if kind == rtnl.NLMSG_ERROR:
@@ -93,20 +84,15 @@ def backlogs_get(sock: socket.socket, request: tuple[bytes, list]) -> dict[tuple
                     raise rtnl.NetlinkError(code, "qdisc get")
                 off += (length + 3) & ~3
                 continue
-            at = _AT.get((fd, seq, length))
-            if at is not None and unpack("H", data, off + at - 6)[0] & 0x7FFF == TCA_STATS_QUEUE:
-                out[keys[seq]] = unpack("I", data, off + at)[0]
-            else:
-                found = _backlog_at(data, off + 36, off + length)
-                if found is not None:
-                    _AT[(fd, seq, length)] = found - off
-                    out[keys[seq]] = unpack("I", data, found)[0]
+            backlog = _backlog(data, off + 36, off + length)
+            if backlog is not None:
+                out[keys[seq]] = backlog
             off += (length + 3) & ~3
     return out
 
 
-def _backlog_at(data, a: int, stop: int) -> int | None:
-    """Where the backlog (after qlen in TCA_STATS_QUEUE inside TCA_STATS2) sits in a message."""
+def _backlog(data: bytes, a: int, stop: int) -> int | None:
+    """The backlog in a qdisc message's TCA_STATS2/TCA_STATS_QUEUE, walking only as far as needed."""
     unpack = struct.unpack_from
     while a + 4 <= stop:
         alen, atype = unpack("HH", data, a)
@@ -115,7 +101,7 @@ def _backlog_at(data, a: int, stop: int) -> int | None:
             while b + 4 <= bstop:
                 blen, btype = unpack("HH", data, b)
                 if btype == TCA_STATS_QUEUE:
-                    return b + 8
+                    return unpack("I", data, b + 8)[0]  # after qlen
                 b += (blen + 3) & ~3
             return None
         a += (alen + 3) & ~3
