@@ -126,7 +126,7 @@ def test_tc_set_turns_pfc_off_and_on_at_runtime_and_the_queue_series_shows_it(bu
 
 def test_tc_set_ecn_thresholds_change_the_marking_and_bad_values_are_refused(built_lab, lab_name, state_dir):
     require_root()
-    plan = built_lab(LEAF_SPINE)
+    built_lab(LEAF_SPINE)
     r = labctl_cli(state_dir, "tc", "set", "leaf1:srv1-gpu0", "--kmin", "100KB", "--kmax", "50KB", "--lab", lab_name)
     assert r.returncode != 0 and "kmin 100000 is above kmax 50000" in r.stderr, r.stderr
     r = labctl_cli(state_dir, "tc", "set", "srv1-gpu0", "--kmin", "1KB", "--lab", lab_name)

@@ -228,7 +228,7 @@ def needed(plan: LabPlan) -> bool:
 
 def main() -> None:
     lab_dir = Path(sys.argv[1])
-    plan = LabPlan.from_dict(json.loads((lab_dir / "plan.json").read_text()))
+    plan = LabPlan.from_lab_dir(lab_dir)
     ctl = Controller(plan, lab_dir)
     print("ready", flush=True)
     ctl.run()

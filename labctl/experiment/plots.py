@@ -154,7 +154,7 @@ def sender_rates(run_dir: Path, path: Path, result: int = 0, window: float = 0.5
         if len(ends) < 4:
             continue
         chunk = pr["bytes_sent"] / len(ends)
-        t, y, k = [], [], 0
+        t, y = [], []
         x = window
         while x <= ends[-1] + 1e-9:
             n = sum(1 for e in ends if x - window < e <= x)

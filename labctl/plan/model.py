@@ -156,6 +156,13 @@ class LabPlan:
         return _plain(self)
 
     @classmethod
+    def from_lab_dir(cls, lab_dir) -> "LabPlan":
+        """The plan a lab was built from (plan.json in its directory), as the lab's processes read it."""
+        import json
+        from pathlib import Path
+        return cls.from_dict(json.loads((Path(lab_dir) / "plan.json").read_text()))
+
+    @classmethod
     def from_dict(cls, d: dict) -> "LabPlan":
         nodes = []
         for n in d["nodes"]:

@@ -179,7 +179,7 @@ class Line:
 
 def main() -> None:
     lab_dir = Path(sys.argv[1])
-    plan = LabPlan.from_dict(json.loads((lab_dir / "plan.json").read_text()))
+    plan = LabPlan.from_lab_dir(lab_dir)
     line = Line(plan, lab_dir)
     print("ready", flush=True)
     line.run()
