@@ -16,9 +16,9 @@ pytestmark = pytest.mark.netns
 
 
 def allreduce_seconds(plan, tmp_path: Path, tag: str, checkpoint: bool) -> tuple[float, dict]:
-    """Two 16 MB ring all-reduces; with checkpoint, every GPU writes to storage over TCP meanwhile."""
+    """Two 4 MB ring all-reduces; with checkpoint, every GPU writes to storage over TCP meanwhile."""
     wf = tmp_path / f"{tag}.yml"
-    text = "name: iso\ncollective: all_reduce\nsizes: [16MB]\niterations: 2\n"
+    text = "name: iso\ncollective: all_reduce\nsizes: [4MB]\niterations: 2\n"
     if checkpoint:
         text += "flows:\n  - {kind: checkpoint, from: gpus, to: storage, size: 20MB, background: true}\n"
     wf.write_text(text)
@@ -29,12 +29,13 @@ def allreduce_seconds(plan, tmp_path: Path, tag: str, checkpoint: bool) -> tuple
 
 
 def test_checkpoints_on_the_frontend_leave_the_backend_alone_but_not_on_the_backend(built_lab, lab_name, tmp_path):
-    """Storage as fast as four GPU NICs (1600G), so the checkpoints take all the network gives them.
-    Measured: 8.90 s alone, 8.90 s with every GPU's frontend NIC full; 8.89 s -> 10.84 s when storage
-    is cabled to the backend (the TCP class shares the GPU NICs and leaf ports). With storage at
-    400G the backend case slowed by 17% in one run and not at all in another: too little TCP."""
+    """GPU NICs at 100G (25 Mbit/s in the lab) keep the all-reduce bound by its links, not by the
+    agents' CPU, so its time measures the network alone; storage at 1600G takes all the TCP the
+    network gives it. Measured: 7.80 s alone, 7.82 s with every frontend NIC full (209 Mbit/s of
+    TCP); storage cabled to the backend: 7.80 s -> 9.1 to 10.5 s (+17% to +34% over six runs), as
+    the TCP class takes its 20% weight (and spare turns) on the GPU NICs and leaf-spine links."""
     require_root()
-    sets = ["storage_rate=1600G"]
+    sets = ["storage_rate=1600G", "gpu_rate=100G"]
     plan = built_lab(AI_CLUSTER, sets)
     stor = plan.node("stor1")
     assert {plan.fabrics[i.fabric].kind for i in stor.interfaces} == {"frontend"}
@@ -51,5 +52,6 @@ def test_checkpoints_on_the_frontend_leave_the_backend_alone_but_not_on_the_back
     loaded_b, tcp_b = allreduce_seconds(plan, tmp_path, "backend-loaded", True)
     print(f"all-reduce: {alone:.2f} s alone, {loaded:.2f} s with frontend checkpoints; "
           f"storage on the backend: {alone_b:.2f} s alone, {loaded_b:.2f} s with checkpoints")
-    assert tcp_b["tcp_bytes"] > tcp["tcp_bytes"]   # the backend NICs let the checkpoints take more
+    gpu_nics = sum(i.shaping.rate_bps for n in plan.nodes if n.kind == "gpu" for i in n.interfaces)
+    assert tcp_b["tcp_bytes"] * 8 > 0.15 * gpu_nics * loaded_b, tcp_b   # at least most of its weight share
     assert loaded_b > 1.10 * alone_b, (alone_b, loaded_b)

@@ -38,6 +38,9 @@ def address_toward(plan: LabPlan, src: Node, dst: Node) -> str | None:
     return None
 
 
+SPORT_BASE = 20000   # below the kernel's ephemeral range (32768-60999)
+
+
 def sequences(plan: LabPlan, flows: list, file: str) -> list[Sequence]:
     out = []
     for k, f in enumerate(flows):
@@ -55,5 +58,6 @@ def sequences(plan: LabPlan, flows: list, file: str) -> list[Sequence]:
                 reach.append(Target(dst.name, dst.namespace, addr))
             if reach:
                 out.append(Sequence(f"{f.kind}-{k}", src.name, src.namespace, reach, f.size,
-                                    None if f.background else f.count, f.period / 1e9, f.congestion, offset=i))
+                                    None if f.background else f.count, f.period / 1e9, f.congestion, offset=i,
+                                    sport=SPORT_BASE + len(out) if len(out) < 32768 - SPORT_BASE else 0))
     return out

@@ -5,6 +5,11 @@ and driven by threads of the calling process: one thread per source and flow sen
 one after the other (`period` apart, or back to back), one acceptor per destination hands each
 connection to a reader, which learns from the connection's first 8 bytes which transfer it
 carries. The reader counts every byte; the sender reads TCP_INFO for retransmissions and RTT.
+
+Each sequence sends from its own fixed source port, so a flow hashes onto the same ECMP path in
+every run of a lab (like RoCE QPs, whose ports follow their QP numbers): results repeat, and a
+collision seen once can be studied again. The sender closes with a reset once the reader has
+everything, so no TIME_WAIT holds the port against the next transfer or run.
 """
 from __future__ import annotations
 
@@ -41,6 +46,7 @@ class Sequence:
     period: float = 0.0          # lab seconds between transfer starts
     congestion: str = "cubic"
     offset: int = 0              # first target index, so sources spread over the targets
+    sport: int = 0               # fixed TCP source port (0: the kernel picks one)
 
 
 @dataclass
@@ -55,6 +61,7 @@ class Transfer:
     ended: float = 0.0
     retransmits: int = 0
     rtt_ms: float = 0.0
+    sport: int = 0
     error: str = ""
     received_at: list = field(default_factory=list)   # (t since the run started, cumulative bytes), ~10 Hz
     done: threading.Event = field(default_factory=threading.Event)
@@ -63,7 +70,7 @@ class Transfer:
         seconds = max(1e-9, (self.ended or self.began) - self.began)
         return {"flow": self.flow, "src": self.src, "dst": self.dst, "size": self.size, "received": self.received,
                 "seconds": round(seconds, 4), "goodput_bps": round(self.received * 8 / seconds),
-                "retransmits": self.retransmits, "rtt_ms": round(self.rtt_ms, 2), "error": self.error,
+                "sport": self.sport, "retransmits": self.retransmits, "rtt_ms": round(self.rtt_ms, 2), "error": self.error,
                 "start_s": round(self.began, 4), "received_at": self.received_at}
 
 
@@ -123,8 +130,13 @@ class FlowRun:
             with nsutil.entered(s.src_ns):
                 c = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             c.setsockopt(socket.IPPROTO_TCP, TCP_CONGESTION, s.congestion.encode())
+            c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            if s.sport:
+                c.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                c.bind(("", s.sport))
             t.began = time.monotonic() - self.t0
             c.connect((target.address, self.port))
+            t.sport = c.getsockname()[1]
             c.sendall(struct.pack("!Q", tid))
             data = memoryview(bytes(CHUNK))
             while t.sent < t.size and not self.stop.is_set():
