@@ -32,7 +32,7 @@ class QpRx:
     cnp_sent: int = 0
     naks_sent: int = 0
     messages: int = 0
-    expected_psn: int | None = None
+    expected_psn: int = 0  # the initial PSN both ends agreed on (RC exchanges it at setup; agents use 0)
     msg_bytes: int = 0
     msg_len: int = 0
     msg_first: int = 0
@@ -73,8 +73,6 @@ class Receiver:
         if tos & 3 == roce.CE:
             q.ce += 1
             self._maybe_cnp(q, src_ip, dqpn)
-        if q.expected_psn is None:
-            q.expected_psn = psn
         gap = (psn - q.expected_psn) & roce.PSN_MASK
         if gap == 0:
             q.expected_psn = (psn + 1) & roce.PSN_MASK

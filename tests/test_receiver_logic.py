@@ -1,0 +1,53 @@
+"""The receiver's accounting with no network: packets from a MessageBuilder, some of them withheld."""
+from __future__ import annotations
+
+from labctl.traffic import roce
+from labctl.traffic.receiver import Receiver
+
+SRC, DST, MTU = "10.0.0.1", "10.0.0.2", 1024
+
+
+class NoSender:
+    """The receiver's replies need peers; with none it answers nobody, and data needs no sender."""
+
+
+def _packets(length: int, imm: int, psn: int = 0) -> list[tuple[int, bytes]]:
+    builder = roce.MessageBuilder(SRC, DST, 49152, 0x10, MTU)
+    return [(p, bytes(payload)) for p, payload in builder.packets(psn, length, imm)]
+
+
+def _deliver(rx: Receiver, packets) -> None:
+    for _, payload in packets:
+        rx.packet(memoryview(payload), SRC, roce.TOS_DATA)
+
+
+def test_a_message_arrives_complete_with_every_byte():
+    rx = Receiver(1, {}, NoSender(), None, reliable=False)
+    _deliver(rx, _packets(10 * MTU + 100, imm=7))
+    (q,) = rx.qps.values()
+    assert rx.arrived[7][1:] == (10 * MTU + 100, True)
+    assert (q.packets, q.gaps, q.messages) == (11, 0, 1)
+
+
+def test_losing_the_very_first_packet_of_a_qp_is_a_gap_not_a_new_start():
+    """A QP's PSNs start where both ends agreed (0 here, as RC exchanges them at setup): a receiver
+    that started from the first PSN it happened to see would call a message short of its first
+    packet whole-but-short and never ask for the packet again."""
+    pkts = _packets(4 * MTU, imm=9)
+    rx = Receiver(1, {}, NoSender(), None, reliable=False)
+    _deliver(rx, pkts[1:])
+    (q,) = rx.qps.values()
+    assert q.gaps == 1 and q.missing == {0}
+    assert rx.arrived[9] == (rx.arrived[9][0], 3 * MTU, False)
+
+
+def test_reliable_mode_drops_everything_after_a_lost_first_packet_and_asks_for_it():
+    pkts = _packets(4 * MTU, imm=9)
+    rx = Receiver(1, {}, NoSender(), None, reliable=True)
+    _deliver(rx, pkts[1:])
+    (q,) = rx.qps.values()
+    assert (q.dropped, q.naks_sent, q.nak_for, q.messages) == (3, 1, 0, 0)
+    assert 9 not in rx.arrived
+    _deliver(rx, pkts)                      # go-back-N from PSN 0
+    assert rx.arrived[9][1:] == (4 * MTU, True)
+    assert q.expected_psn == 4
