@@ -56,8 +56,23 @@ def probe_kernel() -> dict[str, bool]:
             sock.close()
         found["esp"] = _probe_esp(name)
         found["nftables"] = _probe_nft(name)
+        found.update(_probe_multipath_hash(name))
     finally:
         nsutil.remove(name)
+    return found
+
+
+def _probe_multipath_hash(name: str) -> dict[str, bool]:
+    """Policy 3 (hash chosen fields: the 5-tuple) and a settable seed, written as a lab would."""
+    found = {}
+    with nsutil.entered(name):
+        for key, sysctl, value in (("hash_fields", "net.ipv4.fib_multipath_hash_policy", "3"),
+                                   ("hash_seed", "net.ipv4.fib_multipath_hash_seed", "1")):
+            try:
+                nsutil.write_sysctl(sysctl, value)
+                found[key] = True
+            except OSError:
+                found[key] = False
     return found
 
 
@@ -99,7 +114,12 @@ def features(k: dict[str, bool]) -> list[dict]:
          "status": "in use" if k.get("veth") else "MISSING: labctl cannot run"},
         {"feature": "shaping", "mechanism": "HTB class at the dilated link rate, burst 1 ms, bfifo leaf",
          "status": "in use" if k.get("htb") and k.get("bfifo") else "MISSING: labctl cannot shape"},
-        {"feature": "ECMP", "mechanism": "multipath routes, fib_multipath_hash_policy=1 (L4), fixed seed",
+        {"feature": "ECMP", "mechanism": "multipath routes hashing "
+                                         + ("each packet's 5-tuple (fib_multipath_hash_policy=3)" if
+                                            k.get("hash_fields", True) else "L4 (policy 1: a local TCP "
+                                            "socket's random hash picks its path)")
+                                         + (", fixed seed" if k.get("hash_seed", True) else
+                                            ", seed random per boot (no fib_multipath_hash_seed)"),
          "status": "in use"},
         {"feature": "RoCEv2 traffic", "mechanism": "agents in GPU namespaces: UDP 4791 sockets, GSO sends cut "
                                                   "into frames at the host veth, recvmmsg receivers",

@@ -67,8 +67,15 @@ def start_line(plan: LabPlan, lab: state.LabDir) -> int | None:
     return pid
 
 
+HELPER_NICE = -10
+
+
 def _start_helper(lab: state.LabDir, module: str, log_name: str, what: str) -> int:
-    """A lab process in its own session, journaled before it can do anything; waits for "ready"."""
+    """A lab process in its own session, journaled before it can do anything; waits for "ready".
+
+    The helpers stand in for switch hardware (PFC, marking, the WAN line), which never waits for
+    the hosts' CPUs; at nice -10 the scheduler runs them as soon as they wake, even with every
+    core busy with agents, so PFC's reaction time stays within the headroom it was sized for."""
     import subprocess
     import sys
     log = open(lab.path / f"{log_name}.log", "w")
@@ -76,6 +83,7 @@ def _start_helper(lab: state.LabDir, module: str, log_name: str, what: str) -> i
                          stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True,
                          start_new_session=True)
     lab.journal("pid", str(p.pid))
+    os.setpriority(os.PRIO_PROCESS, p.pid, HELPER_NICE)
     line = p.stdout.readline()  # "ready" once it holds its sockets and rules
     if line.strip() != "ready":
         p.kill()

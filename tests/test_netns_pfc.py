@@ -3,6 +3,7 @@ ends; without PFC the same incast drops (and retransmits in reliable mode)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import time
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import require_root
+from labctl import lab as labmod
 from labctl import state
 from labctl.dataplane.queues import lab_queues
 from labctl.traffic.run import run_workload
@@ -38,6 +40,8 @@ def pfc_counters(plan) -> dict[tuple[str, str], dict]:
 def test_lossless_incast_loses_nothing_and_pauses_agree_at_both_ends(built_lab, tmp_path):
     require_root()
     plan = built_lab(LEAF_SPINE, sets=FABRIC_ONLY)
+    controller = state.lab_dir(plan.lab).read_state()["controller_pid"]
+    assert os.getpriority(os.PRIO_PROCESS, controller) == labmod.HELPER_NICE   # runs before the agents
     spine1 = plan.node("spine1")
     pcap = tmp_path / "spine1-leaf1.pcap"
     cap = subprocess.Popen(["ip", "netns", "exec", spine1.namespace, "tcpdump", "-i", "leaf1", "-U", "-w", str(pcap),

@@ -151,3 +151,19 @@ def test_zones_route_through_the_wan_with_ecmp_over_parallel_links_and_weights(t
     weighted = compile_plan(load_topology(f)).node("z1-dci1")
     route = next(r for r in weighted.routes if r.dst == plan.links[far.link].subnet)
     assert sorted(h.weight for h in route.nexthops) == [1, 3]
+
+
+def test_l4_ecmp_hashes_the_five_tuple_like_a_switch_and_l3_only_addresses():
+    from labctl.plan.compile import multipath_hash_sysctls
+    assert multipath_hash_sysctls(1, 7) == {"net.ipv4.fib_multipath_hash_policy": "3",
+                                            "net.ipv4.fib_multipath_hash_fields": "55",   # 0x37
+                                            "net.ipv4.fib_multipath_hash_seed": "7"}
+    assert multipath_hash_sysctls(0, 7)["net.ipv4.fib_multipath_hash_policy"] == "0"
+
+
+def test_sysctls_an_older_kernel_lacks_fall_back_and_others_still_fail(monkeypatch):
+    from labctl.backends import nsutil
+    monkeypatch.setitem(nsutil.SYSCTL_FALLBACKS, "net.ipv4.labctl_not_in_any_kernel", None)
+    nsutil.write_sysctls({"net.ipv4.labctl_not_in_any_kernel": "1"})        # skipped: the kernel default stays
+    with pytest.raises(OSError):
+        nsutil.write_sysctls({"net.ipv4.labctl_not_in_this_kernel_either": "1"})

@@ -64,11 +64,30 @@ def netlink_socket(name: str):
         sock.close()
 
 
+# Sysctls newer than some users' kernels: what to write instead when the kernel has no such file or
+# refuses the value (None: leave the kernel's default).
+SYSCTL_FALLBACKS = {
+    "net.ipv4.fib_multipath_hash_policy": "1",      # policy 3 (custom fields) is 5.12+
+    "net.ipv4.fib_multipath_hash_fields": None,     # 5.12+
+    "net.ipv4.fib_multipath_hash_seed": None,       # 6.11+: without it the seed is random per boot
+}
+
+
 def write_sysctls(values: dict[str, str]) -> None:
     """Write sysctls of the current namespace (/proc/sys/net follows the calling thread's namespace)."""
     for key, value in values.items():
-        with open("/proc/sys/" + key.replace(".", "/"), "w") as f:
-            f.write(value)
+        try:
+            write_sysctl(key, value)
+        except OSError:
+            if key not in SYSCTL_FALLBACKS:
+                raise
+            if SYSCTL_FALLBACKS[key] is not None:
+                write_sysctl(key, SYSCTL_FALLBACKS[key])
+
+
+def write_sysctl(key: str, value: str) -> None:
+    with open("/proc/sys/" + key.replace(".", "/"), "w") as f:
+        f.write(value)
 
 
 def tx_checksum_off(sock: socket.socket, ifname: str) -> None:

@@ -32,6 +32,22 @@ def default_pools(index: int) -> tuple[str, str]:
     return f"10.{index}.0.0/16", f"10.{100 + index}.0.0/24"
 
 
+# The 5-tuple a switch hashes: source and destination address, protocol, source and destination port.
+HASH_FIELDS_5_TUPLE = 0x01 | 0x02 | 0x04 | 0x10 | 0x20
+
+
+def multipath_hash_sysctls(policy: int, seed: int) -> dict[str, str]:
+    """ECMP as a switch does it. L4 is the kernel's custom policy (3) over the 5-tuple, not policy 1:
+    policy 1 reuses a locally sent TCP packet's socket hash, which is random per connection and
+    survives the veth into the leaf, so the same TCP 5-tuple took a different spine on every
+    connection. On kernels older than 5.12 (no policy 3) the backend falls back to policy 1."""
+    out = {"net.ipv4.fib_multipath_hash_policy": "3" if policy == 1 else "0"}
+    if policy == 1:
+        out["net.ipv4.fib_multipath_hash_fields"] = str(HASH_FIELDS_5_TUPLE)
+    out["net.ipv4.fib_multipath_hash_seed"] = str(seed)
+    return out
+
+
 PFC_RESPONSE_S = 0.02  # lab time from XOFF to a stopped feeder: two idle controller loops and a netlink change
 
 
@@ -90,8 +106,7 @@ def node_sysctls(topo: Topology, forwarding: bool) -> dict[str, str]:
         # ECMP paths are asymmetric on purpose: reverse-path filtering would drop replies
         "net.ipv4.conf.all.rp_filter": "0",
         "net.ipv4.conf.default.rp_filter": "0",
-        "net.ipv4.fib_multipath_hash_policy": str(topo.routing.hash_policy),
-        "net.ipv4.fib_multipath_hash_seed": str(topo.routing.hash_seed),
+        **multipath_hash_sysctls(topo.routing.hash_policy, topo.routing.hash_seed),
         "net.ipv4.conf.all.send_redirects": "0",
         "net.ipv4.conf.all.accept_redirects": "0",
         # a port that is down takes its ECMP next-hops with it (as a switch's routing would)

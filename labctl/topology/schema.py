@@ -38,7 +38,7 @@ class Defaults(Strict):
 
 
 class Routing(Strict):
-    hash_policy: Literal[0, 1] = Field(1, description="fib_multipath_hash_policy: 0 = L3, 1 = L4 (UDP ports)")
+    hash_policy: Literal[0, 1] = Field(1, description="0 = L3 (addresses), 1 = L4 (the 5-tuple, as a switch hashes)")
     hash_seed: int = Field(1, ge=1, lt=2**32,
                            description="fib_multipath_hash_seed, fixed so ECMP spreads are reproducible")
 
