@@ -31,9 +31,9 @@ def allreduce_seconds(plan, tmp_path: Path, tag: str, checkpoint: bool) -> tuple
 def test_checkpoints_on_the_frontend_leave_the_backend_alone_but_not_on_the_backend(built_lab, lab_name, tmp_path):
     """GPU NICs at 100G (25 Mbit/s in the lab) keep the all-reduce bound by its links, not by the
     agents' CPU, so its time measures the network alone; storage at 1600G takes all the TCP the
-    network gives it. Measured: 7.80 s alone, 7.82 s with every frontend NIC full (209 Mbit/s of
-    TCP); storage cabled to the backend: 7.80 s -> 9.1 to 10.5 s (+17% to +34% over six runs), as
-    the TCP class takes its 20% weight (and spare turns) on the GPU NICs and leaf-spine links."""
+    network gives it. Measured: 7.84 s alone, 7.87 s with every frontend NIC full (200 Mbit/s of
+    TCP); storage cabled to the backend: 7.86 s -> 9.76 s (+24%), as the TCP class takes its 20%
+    weight (and spare turns) on the GPU NICs and leaf-spine links."""
     require_root()
     sets = ["storage_rate=1600G", "gpu_rate=100G"]
     plan = built_lab(AI_CLUSTER, sets)
