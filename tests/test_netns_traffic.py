@@ -17,12 +17,32 @@ from conftest import lab_namespaces, require_root
 from labctl import lab as labmod
 from labctl import state
 from labctl.backends.netns import NetnsBackend
+from labctl.traffic import roce
+from labctl.traffic.sender import qpn
 from labctl.traffic.run import run_workload
 from labctl.traffic.workload import load_workload
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.netns
 MB = 1_000_000
+# The ECMP draw under which the ring's two fabric hops (srv1-gpu3 -> srv2-gpu0, srv2-gpu3 -> srv1-gpu0,
+# both leaf4 -> leaf1) take different spines; seeds 1, 2, 3 and 5 put them on one, and a lossy ring
+# then drops at that uplink. ring_spines() checks the premise on the kernel's own routes.
+RING_SEED = "hash_seed=4"
+
+
+def ring_spines(plan) -> list[str]:
+    """The spine each ring hop between servers crosses (QP 0, the port Linux derives from the QPNs)."""
+    gpus = [n.name for n in plan.nodes if n.kind == "gpu"]
+    spines = []
+    for r, name in enumerate(gpus):
+        peer = (r + 1) % len(gpus)
+        if name.split("-")[0] == gpus[peer].split("-")[0]:
+            continue  # same server: NVLink
+        sport = roce.udp_sport(qpn(r, peer, 0), qpn(peer, r, 0))
+        hops = labmod.trace_path(plan, name, gpus[peer], sport, roce.ROCE_PORT)
+        spines += [h["node"] for h in hops if h["node"].startswith("spine")]
+    return spines
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +54,9 @@ def lab():
     os.environ["LABCTL_STATE_DIR"] = tempfile.mkdtemp(prefix="labctl-test-")
     name = f"lt{uuid.uuid4().hex[:6]}"
     try:
-        plan, d, _ = labmod.up(str(ROOT / "topologies" / "leaf-spine.yml"), ["pfc=false"], name=name)
+        plan, d, _ = labmod.up(str(ROOT / "topologies" / "leaf-spine.yml"), ["pfc=false", RING_SEED], name=name)
+        spines = ring_spines(plan)
+        assert len(spines) == 2 and len(set(spines)) == 2, f"the ring's fabric hops share a spine: {spines}"
         yield plan, d
     finally:
         if state.lab_dir(name).path.exists():
