@@ -129,27 +129,30 @@ class FlowRun:
         try:
             with nsutil.entered(s.src_ns):
                 c = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            c.setsockopt(socket.IPPROTO_TCP, TCP_CONGESTION, s.congestion.encode())
-            c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            if s.sport:
-                c.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                c.bind(("", s.sport))
-            t.began = time.monotonic() - self.t0
-            c.connect((target.address, self.port))
-            t.sport = c.getsockname()[1]
-            c.sendall(struct.pack("!Q", tid))
-            data = memoryview(bytes(CHUNK))
-            while t.sent < t.size and not self.stop.is_set():
-                t.sent += c.send(data[:min(CHUNK, t.size - t.sent)])
-            t.rtt_ms = struct.unpack_from("I", c.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104), _INFO_RTT)[0] / 1e3
-            c.shutdown(socket.SHUT_WR)
-            t.done.wait(timeout=None if not self.stop.is_set() else 5)
-            info = c.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
-            t.retransmits = struct.unpack_from("I", info, _INFO_TOTAL_RETRANS)[0]
-            c.close()
+            with c:
+                self._transfer(c, s, target, t, tid)
         except OSError as exc:
             t.error = str(exc)
             t.done.set()
+
+    def _transfer(self, c: socket.socket, s: Sequence, target: Target, t: Transfer, tid: int) -> None:
+        c.setsockopt(socket.IPPROTO_TCP, TCP_CONGESTION, s.congestion.encode())
+        c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        if s.sport:
+            c.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            c.bind(("", s.sport))
+        t.began = time.monotonic() - self.t0
+        c.connect((target.address, self.port))
+        t.sport = c.getsockname()[1]
+        c.sendall(struct.pack("!Q", tid))
+        data = memoryview(bytes(CHUNK))
+        while t.sent < t.size and not self.stop.is_set():
+            t.sent += c.send(data[:min(CHUNK, t.size - t.sent)])
+        t.rtt_ms = struct.unpack_from("I", c.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104), _INFO_RTT)[0] / 1e3
+        c.shutdown(socket.SHUT_WR)
+        t.done.wait(timeout=None if not self.stop.is_set() else 5)
+        info = c.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+        t.retransmits = struct.unpack_from("I", info, _INFO_TOTAL_RETRANS)[0]
 
     def _receive(self, conn: socket.socket) -> None:
         head = b""
