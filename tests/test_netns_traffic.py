@@ -20,6 +20,7 @@ from labctl.backends.netns import NetnsBackend
 from labctl.traffic import roce
 from labctl.traffic.sender import qpn
 from labctl.traffic.run import run_workload
+from labctl.traffic.runner import gpu_ranks, path_ports
 from labctl.traffic.workload import load_workload
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,15 +33,16 @@ RING_SEED = "hash_seed=4"
 
 
 def ring_spines(plan) -> list[str]:
-    """The spine each ring hop between servers crosses (QP 0, the port Linux derives from the QPNs)."""
-    gpus = [n.name for n in plan.nodes if n.kind == "gpu"]
+    """The spine each ring hop crosses (QP 0, the port Linux derives from the QPNs), on the NICs the
+    agents pick; hops inside a server ride NVLink and cross none."""
+    ranks = gpu_ranks(plan)
+    order = list(ranks)
     spines = []
-    for r, name in enumerate(gpus):
-        peer = (r + 1) % len(gpus)
-        if name.split("-")[0] == gpus[peer].split("-")[0]:
-            continue  # same server: NVLink
+    for i, r in enumerate(order):
+        peer = order[(i + 1) % len(order)]
+        _, dst = path_ports(plan, ranks[r], ranks[peer])
         sport = roce.udp_sport(qpn(r, peer, 0), qpn(peer, r, 0))
-        hops = labmod.trace_path(plan, name, gpus[peer], sport, roce.ROCE_PORT)
+        hops = labmod.trace_path(plan, ranks[r].name, dst.address.split("/")[0], sport, roce.ROCE_PORT)
         spines += [h["node"] for h in hops if h["node"].startswith("spine")]
     return spines
 
