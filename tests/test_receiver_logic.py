@@ -51,3 +51,39 @@ def test_reliable_mode_drops_everything_after_a_lost_first_packet_and_asks_for_i
     _deliver(rx, pkts)                      # go-back-N from PSN 0
     assert rx.arrived[9][1:] == (4 * MTU, True)
     assert q.expected_psn == 4
+
+
+def test_a_swapped_pair_is_one_reordered_packet_and_its_message_is_complete():
+    pkts = _packets(6 * MTU, imm=5)
+    pkts[2], pkts[3] = pkts[3], pkts[2]
+    rx = Receiver(1, {}, NoSender(), None, reliable=False)
+    _deliver(rx, pkts)
+    (q,) = rx.qps.values()
+    assert (q.gaps, q.reordered, q.late) == (0, 1, 0)
+    assert rx.arrived[5][1:] == (6 * MTU, True)
+
+
+def test_a_late_first_packet_completes_its_message_after_the_last_one_arrived():
+    """The defect seen on the NVLink incast: the first packet (with the RETH) of the second message
+    came after the message's last one, and the message was judged short for good."""
+    first = _packets(3 * MTU, imm=1)
+    second = _packets(3 * MTU, imm=2, psn=3)
+    rx = Receiver(1, {}, NoSender(), None, reliable=False)
+    _deliver(rx, first + second[1:])
+    assert rx.arrived[1][1:] == (3 * MTU, True)
+    assert rx.arrived[2][1:] == (2 * MTU, False)
+    _deliver(rx, second[:1])
+    (q,) = rx.qps.values()
+    assert rx.arrived[2][1:] == (3 * MTU, True)
+    assert (q.gaps, q.reordered, q.messages, q.unfinished) == (0, 1, 2, [])
+
+
+def test_a_packet_lost_for_good_leaves_its_message_short_and_the_next_one_whole():
+    first = _packets(4 * MTU, imm=1)
+    second = _packets(2 * MTU, imm=2, psn=4)
+    rx = Receiver(1, {}, NoSender(), None, reliable=False)
+    _deliver(rx, first[:2] + first[3:] + second)
+    (q,) = rx.qps.values()
+    assert rx.arrived[1][1:] == (3 * MTU, False)
+    assert rx.arrived[2][1:] == (2 * MTU, True)
+    assert (q.gaps, q.missing) == (1, {2})

@@ -24,6 +24,7 @@ from labctl.traffic.sender import Sender
 IP_RECVTOS = 13
 SO_RCVBUFFORCE = 33          # root may exceed net.core.rmem_max: a burst must not overflow the socket
 RCVBUF = 32 << 20
+LATE_GRACE_S = 0.2            # how long a message short of a packet waits for it to come late
 
 
 class Agent:
@@ -87,6 +88,9 @@ class Agent:
             ok = cond.wait_for(lambda: all(i in arrived for i in expect),
                                timeout=max(0.0, deadline - time.monotonic()))
             timed_out = timed_out or not ok
+            # a message whose last packet overtook another is complete once the late one lands
+            cond.wait_for(lambda: self.receiver.settled(expect),
+                          timeout=max(0.0, min(LATE_GRACE_S, deadline - time.monotonic())))
             recvs = [[i, arrived[i][0] - start, arrived[i][1], arrived[i][2]] for i in expect if i in arrived]
             missing = [i for i in expect if i not in arrived]
         end = max([s[2] for s in sends] + [r[1] for r in recvs] + [0.0])

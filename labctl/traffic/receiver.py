@@ -2,7 +2,9 @@
 
 Per QP (sender address, destination QP): packets, bytes, PSN gaps, late packets (duplicates),
 reordered packets (late ones that filled a gap), ECN-CE marks. A message arrives with its last
-packet (WRITE with Immediate: the immediate names the transfer). Each message is ACKed; in
+packet (WRITE with Immediate: the immediate names the transfer). It spans the PSNs after the previous
+message's last one, so it is complete when none of them is missing, whatever order they came in: a
+packet that arrives after a later one completes its message then. Each message is ACKed; in
 reliable mode an out-of-order packet is dropped and answered with one NAK (PSN sequence error)
 per expected PSN, as a go-back-N RC receiver does. As a DCQCN notification point the receiver
 sends a CNP per QP at most once per interval while CE-marked packets arrive.
@@ -34,12 +36,12 @@ class QpRx:
     messages: int = 0
     expected_psn: int = 0  # the initial PSN both ends agreed on (RC exchanges it at setup; agents use 0)
     msg_bytes: int = 0
-    msg_len: int = 0
-    msg_first: int = 0
+    msg_first: int = 0     # the first PSN of the message being received: the one after the last END
+    untracked: int = 0     # PSNs of that message lost in a gap too long to remember one by one
     last_cnp: float = 0.0
     nak_for: int | None = None
     missing: set = field(default_factory=set)
-    unfinished: list = field(default_factory=list)  # [first psn, last psn, transfer id, bytes short]
+    unfinished: list = field(default_factory=list)  # [first psn, last psn, transfer id, PSNs missing]
 
     PUBLIC = ("packets", "bytes", "gaps", "late", "reordered", "dropped", "ce", "cnp_sent", "naks_sent", "messages")
 
@@ -89,6 +91,8 @@ class Receiver:
             q.gaps += gap
             if gap <= MAX_TRACKED_GAP:
                 q.missing.update((q.expected_psn + i) & roce.PSN_MASK for i in range(gap))
+            else:
+                q.untracked += gap  # too many to remember: the message they belong to stays short
             q.expected_psn = (psn + 1) & roce.PSN_MASK
         else:
             if self.reliable:
@@ -98,29 +102,21 @@ class Receiver:
                 return
             self._late(q, data, opcode, pad, psn)
             return
-        off = roce.BTH_LEN
-        if opcode in roce.STARTS:
-            q.msg_bytes, q.msg_first = 0, psn
-            if opcode in roce.HAS_RETH:
-                q.msg_len = struct.unpack_from("!I", data, off + 12)[0]
-                off += roce.RETH_LEN
-        immediate = None
-        if opcode in roce.HAS_IMM:
-            immediate = struct.unpack_from("!I", data, off)[0]
-            off += roce.IMM_LEN
-        size = len(data) - off - roce.ICRC_LEN - pad
+        immediate, size = _payload(data, opcode, pad)
         q.bytes += size
         q.msg_bytes += size
         if opcode in roce.ENDS:
             q.messages += 1
             self._ack(src_ip, dqpn, psn, q.messages)
+            first, q.msg_first = q.msg_first, (psn + 1) & roce.PSN_MASK
+            got, untracked, q.msg_bytes, q.untracked = q.msg_bytes, q.untracked, 0, 0
             if immediate is not None:
-                complete = q.msg_bytes == q.msg_len
-                if not complete:  # a reordered packet may still fill it
-                    q.unfinished.append([q.msg_first, psn, immediate, q.msg_len - q.msg_bytes])
+                short = _missing_in(q.missing, first, psn) + untracked
+                if short:  # a reordered packet may still fill it
+                    q.unfinished.append([first, psn, immediate, short])
                     del q.unfinished[:-64]
                 with self.cond:
-                    self.arrived[immediate] = (time.monotonic(), q.msg_bytes, complete)
+                    self.arrived[immediate] = (time.monotonic(), got, not short)
                     self.cond.notify_all()
 
     def _late(self, q: QpRx, data: memoryview, opcode: int, pad: int, psn: int) -> None:
@@ -131,21 +127,24 @@ class Receiver:
         q.missing.discard(psn)
         q.gaps -= 1
         q.reordered += 1
-        off = roce.BTH_LEN + (roce.RETH_LEN if opcode in roce.HAS_RETH else 0) + \
-            (roce.IMM_LEN if opcode in roce.HAS_IMM else 0)
-        size = len(data) - off - roce.ICRC_LEN - pad
+        _, size = _payload(data, opcode, pad)
         q.bytes += size
         for entry in q.unfinished:
             first, last, imm, short = entry
-            if (psn - first) & roce.PSN_MASK <= (last - first) & roce.PSN_MASK:
-                entry[3] = short - size
-                if entry[3] == 0:
-                    with self.cond:
-                        t, got, _ = self.arrived[imm]
-                        self.arrived[imm] = (t, got + size, True)
-                    q.unfinished.remove(entry)
+            if _within(psn, first, last):
+                entry[3] = short - 1
+                with self.cond:
+                    t, got, _ = self.arrived[imm]
+                    self.arrived[imm] = (t, got + size, entry[3] == 0)
+                    if entry[3] == 0:
+                        q.unfinished.remove(entry)
+                        self.cond.notify_all()
                 return
         q.msg_bytes += size  # the message still being received
+
+    def settled(self, ids) -> bool:
+        """Every transfer in `ids` has arrived and is complete (call with `cond` held)."""
+        return all(i in self.arrived and self.arrived[i][2] for i in ids)
 
     def _reply(self, src_ip: str, dqpn: int, payload_fn, tos: int) -> None:
         peer = self.peers.get(src_ip)
@@ -172,3 +171,22 @@ class Receiver:
             q.last_cnp = now
             q.cnp_sent += 1
             self._reply(src_ip, dqpn, lambda s, d, sp, qq: roce.cnp_payload(s, d, sp, qq), roce.TOS_CNP)
+
+
+def _payload(data: memoryview, opcode: int, pad: int) -> tuple[int | None, int]:
+    """(immediate or None, payload bytes) of a data packet."""
+    off = roce.BTH_LEN + (roce.RETH_LEN if opcode in roce.HAS_RETH else 0)
+    immediate = None
+    if opcode in roce.HAS_IMM:
+        immediate = struct.unpack_from("!I", data, off)[0]
+        off += roce.IMM_LEN
+    return immediate, len(data) - off - roce.ICRC_LEN - pad
+
+
+def _within(psn: int, first: int, last: int) -> bool:
+    return (psn - first) & roce.PSN_MASK <= (last - first) & roce.PSN_MASK
+
+
+def _missing_in(missing: set, first: int, last: int) -> int:
+    """How many PSNs of [first, last] never came (the set holds only the few PSNs still missing)."""
+    return sum(1 for p in missing if _within(p, first, last))
