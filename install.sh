@@ -64,9 +64,10 @@ if [ "$demo" -eq 1 ]; then
   say "labctl status $lab"
   COLUMNS=${COLUMNS:-140} labctl status "$lab"
   say "labctl run workloads/allreduce.yml (ring all-reduce of 1 MB to 64 MB over the 8 GPUs, as RoCEv2)"
-  labctl run "$here/workloads/allreduce.yml" --lab "$lab" --out "$here/runs/demo-allreduce"
+  out="$here/runs/$(date +%Y%m%d-%H%M%S)-demo-allreduce"
+  labctl run "$here/workloads/allreduce.yml" --lab "$lab" --out "$out"
   say "labctl down $lab"
   labctl down "$lab"
   trap - EXIT
-  say "demo done: the lab came up, every GPU reached every other, the all-reduce ran (results in runs/demo-allreduce), and nothing is left behind"
+  say "demo done: the lab came up, every GPU reached every other, the all-reduce ran (results in ${out#$here/}), and nothing is left behind"
 fi

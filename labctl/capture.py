@@ -14,6 +14,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from labctl import procs
 from labctl.errors import LabError
 from labctl.plan.model import LabPlan
 
@@ -57,8 +58,9 @@ class Capture:
         self.path = path
         self.proc = subprocess.Popen(command(ns, port, str(path), snaplen, bpf), stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.journal, self.identity = journal, procs.identity(self.proc.pid)
         if journal is not None:
-            journal("pid", str(self.proc.pid))
+            journal("pid", self.identity)
         deadline = time.monotonic() + 5
         while not path.exists() and self.proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.02)          # dumpcap creates the file once it captures
@@ -74,6 +76,9 @@ class Capture:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+                self.proc.wait()
+        if self.journal is not None:
+            self.journal("released-pid", self.identity)
         return self.path
 
 

@@ -1,10 +1,10 @@
 """Drawings of a lab (Graphviz dot, Mermaid), rendered from the plan through Jinja2 export templates."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import jinja2
 
+from labctl.paths import is_file
 from labctl.plan.model import LabPlan
 from labctl.topology.templates import bundled_dir
 from labctl.units import format_rate
@@ -17,9 +17,10 @@ def plan_from(source: str, sets=()) -> LabPlan:
     """A running lab's recorded plan if `source` names one, else the plan compiled from a file."""
     from labctl import state
     from labctl.lab import load_plan
-    lab = state.lab_dir(source)
-    if lab.plan_file.is_file() and not Path(source).is_file():
-        return load_plan(lab)
+    if state.valid_lab_name(source) and not is_file(source):
+        lab = state.lab_dir(source)
+        if lab.plan_file.is_file():
+            return load_plan(lab)
     from labctl.plan.compile import compile_plan
     from labctl.topology.load import load_topology
     return compile_plan(load_topology(source, sets))

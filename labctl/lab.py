@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from labctl import state
+from labctl import paths, procs, state
 from labctl.backends import backends, nsutil, rtnl
 from labctl.errors import LabError, NotRootError
 from labctl.plan.compile import compile_plan
@@ -67,23 +67,25 @@ def start_line(plan: LabPlan, lab: state.LabDir) -> int | None:
     return pid
 
 
-HELPER_NICE = -10
+HELPER_RT_PRIORITY = procs.HELPER_RT_PRIORITY
 
 
 def _start_helper(lab: state.LabDir, module: str, log_name: str, what: str) -> int:
     """A lab process in its own session, journaled before it can do anything; waits for "ready".
 
     The helpers stand in for switch hardware (PFC, marking, the WAN line), which never waits for
-    the hosts' CPUs; at nice -10 the scheduler runs them as soon as they wake, even with every
-    core busy with agents, so PFC's reaction time stays within the headroom it was sized for."""
+    the hosts' CPUs. At nice -10 the controller still slept up to tens of milliseconds behind two
+    CPU-burning processes and a lossless queue overflowed its headroom; as a SCHED_FIFO process it
+    runs as soon as it wakes. `-P` and a fixed working directory: a helper imports labctl from its
+    install, never from whatever directory the user ran labctl in."""
     import subprocess
     import sys
     log = open(lab.path / f"{log_name}.log", "w")
-    p = subprocess.Popen([sys.executable, "-m", module, str(lab.path)],
+    p = subprocess.Popen([sys.executable, "-P", "-m", module, str(lab.path)], cwd="/",
                          stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True,
                          start_new_session=True)
-    lab.journal("pid", str(p.pid))
-    os.setpriority(os.PRIO_PROCESS, p.pid, HELPER_NICE)
+    lab.journal("pid", procs.identity(p.pid))
+    procs.prioritise(p.pid)
     line = p.stdout.readline()  # "ready" once it holds its sockets and rules
     if line.strip() != "ready":
         p.kill()
@@ -93,21 +95,26 @@ def _start_helper(lab: state.LabDir, module: str, log_name: str, what: str) -> i
 
 
 def find_lab(name_or_file: str) -> state.LabDir:
-    """A lab by name, or by the topology file it was built from (the file need not exist for a name)."""
-    lab = state.lab_dir(name_or_file)
-    if lab.path.is_dir():
-        return lab
+    """A lab by name, or by the topology file it was built from (the file need not exist for a name).
+
+    Never by a path to its record: `down` deletes what it finds, so `labctl down /` or `down ..`
+    must name nothing."""
+    if state.valid_lab_name(name_or_file):
+        lab = state.lab_dir(name_or_file)
+        if lab.path.is_dir():
+            return lab
     path = Path(name_or_file)
-    if path.is_file():
+    if paths.is_file(path):
         text, smap, _ = render_topology(path)
         data, _ = load_yaml(text, smap.file)
         lab_name = data.get("name") if isinstance(data, dict) else None
-        if lab_name and state.lab_dir(lab_name).path.is_dir():
+        if state.valid_lab_name(lab_name) and state.lab_dir(lab_name).path.is_dir():
             return state.lab_dir(lab_name)
         raise LabError(f"the lab of {name_or_file} ({lab_name!r}) is not up",
                        f"`labctl up {name_or_file}` to build it; `labctl status` lists running labs")
     running = [d.name for d in state.all_labs()]
-    raise LabError(f"no lab named {name_or_file!r}",
+    what = "no lab named" if state.valid_lab_name(name_or_file) else "neither a lab name nor a topology file:"
+    raise LabError(f"{what} {name_or_file!r}",
                    f"running labs: {', '.join(running)}" if running else "no lab is up; `labctl up FILE`")
 
 
@@ -146,7 +153,7 @@ def clean(everything: bool = False) -> list[CleanResult]:
     for lab in state.all_labs():
         st = lab.read_state()
         pid = st.get("pid")
-        names = lab.journaled("netns")
+        names = lab.namespaces()
         if st.get("status") == "building" and pid and nsutil.pid_alive(pid) and pid != os.getpid():
             continue  # still being built
         if st.get("status") == "building":
@@ -193,7 +200,35 @@ def status(lab: state.LabDir) -> dict:
         nodes.append({"name": node.name, "kind": node.kind, "namespace": node.namespace, "present": present,
                       "loopback": node.loopback, "rank": node.rank, "interfaces": ports})
     return {"lab": plan.lab, "status": st.get("status"), "topology_file": st.get("topology_file"),
-            "dilation": plan.dilation, "nodes": nodes}
+            "dilation": plan.dilation, "nodes": nodes, "helpers": helpers(lab)}
+
+
+def helpers(lab: state.LabDir) -> list[dict]:
+    """Each helper process the lab needs (controller, WAN line): running or not, and what it reports."""
+    st = lab.read_state()
+    journaled = {int(e.partition(":")[0]): e for e in lab.journaled("pid") if e.partition(":")[0].isdigit()}
+    out = []
+    for name, key, report in (("controller", "controller_pid", "pfc.json"), ("WAN line", "line_pid", "wan.json")):
+        pid = st.get(key)
+        if not pid:
+            continue
+        alive = pid in journaled and procs.verified(journaled[pid]) == pid
+        try:
+            doc = json.loads((lab.path / report).read_text())
+        except (OSError, ValueError):
+            doc = {}
+        notes = []
+        if "reaction_hist" in doc:
+            from labctl.dataplane import reaction
+            plan = load_plan(lab)
+            notes.append(reaction.describe(reaction.summary(reaction.Histogram.from_list(doc["reaction_hist"]),
+                                                            plan.pfc_response_s)))
+        errors = doc.get("errors") or []
+        if errors:
+            notes.append(f"{len(errors)} refused change(s), last: {errors[-1]}")
+        out.append({"helper": name, "pid": pid, "running": alive, "errors": errors,
+                    "note": "; ".join(notes) if alive else f"NOT RUNNING: see {lab.path / (key.split('_')[0] + '.log')}"})
+    return out
 
 
 def node_address(plan: LabPlan, target: str) -> str:

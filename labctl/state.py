@@ -6,17 +6,23 @@
 
 The journal is append-only and flushed line by line, so a build killed with SIGKILL still leaves a
 record of everything it may have made; `labctl clean` removes exactly that and nothing else.
+
+labctl runs as root, so the state directory is trusted only if root owns it and no one else may
+write it (0700), a lab is named only by a valid lab name (never a path), and a directory is removed
+only if it sits directly in the state directory and holds this lab's own record.
 """
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from labctl.errors import LabError
+from labctl.plan.naming import valid_lab_name, valid_namespace
 
 
 def state_root() -> Path:
@@ -25,6 +31,29 @@ def state_root() -> Path:
         return Path(env)
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(base) / "labctl"
+
+
+def checked_root(create: bool = False) -> Path:
+    """The state directory, made 0700 if `create`; as root, refused unless root owns it and only
+    root may write it (another user could otherwise plant records that root then acts on)."""
+    root = state_root()
+    if create and not root.exists():
+        root.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            root.mkdir(mode=0o700)
+        except FileExistsError:
+            pass
+    if os.geteuid() == 0 and root.exists():
+        st = os.lstat(root)
+        if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+            raise LabError(f"the state directory {root} is not a plain directory",
+                           "remove it (labctl recreates it), or set LABCTL_STATE_DIR to a directory of root's")
+        if st.st_uid != 0 or st.st_mode & 0o077:
+            raise LabError(f"the state directory {root} is owned by uid {st.st_uid} with mode "
+                           f"{stat.S_IMODE(st.st_mode):o}: labctl runs as root and trusts only a directory "
+                           "that root owns and no one else can read or write",
+                           f"chown root:root {root} && chmod 700 {root}")
+    return root
 
 
 @dataclass
@@ -79,20 +108,59 @@ class LabDir:
                 items.remove(v)
         return items
 
+    def is_record(self) -> bool:
+        """A directory labctl made for this lab: directly in the state directory, not a link, and
+        holding this lab's state.json (or nothing yet: `claim` was interrupted right after mkdir)."""
+        if not valid_lab_name(self.name) or self.path != state_root() / self.name:
+            return False
+        try:
+            if not stat.S_ISDIR(os.lstat(self.path).st_mode):
+                return False
+            if not any(self.path.iterdir()):
+                return True
+            return json.loads(self.state_file.read_text()).get("lab") == self.name
+        except (OSError, ValueError, AttributeError):
+            return False
+
+    def namespaces(self) -> list[str]:
+        """The namespaces the journal says were made for this lab; a line naming anything that is
+        not one of this lab's namespaces is ignored, so an edited journal cannot aim `down` elsewhere."""
+        return [n for n in self.journaled("netns") if valid_namespace(n, self.name)]
+
     def remove(self) -> None:
+        """Delete the lab's record; anything that is not provably one is left alone."""
+        if not self.is_record():
+            raise LabError(f"{self.path} is not a labctl lab record; refusing to delete it")
         shutil.rmtree(self.path, ignore_errors=True)
 
 
+def write_private(path: Path, text: str) -> None:
+    """Write a secret (keys) readable by its owner only, never through a symlink planted in its place."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise LabError(f"cannot write {path}: {exc.strerror}",
+                       "something was put in its place (a symlink?); remove it and try again") from None
+    with os.fdopen(fd, "w") as f:
+        os.fchmod(f.fileno(), 0o600)
+        f.write(text)
+
+
 def lab_dir(name: str) -> LabDir:
+    """The record of lab `name`; a name that is not a lab name (a path, `..`) is refused."""
+    if not valid_lab_name(name):
+        raise LabError(f"{name!r} is not a lab name",
+                       "a lab name is lower-case letters, digits and '-', starting with a letter, at most "
+                       "24 characters (`labctl status` lists the labs)")
     return LabDir(name, state_root() / name)
 
 
 def claim(name: str, plan: dict, topology_file: str | None) -> LabDir:
     """Create the lab directory atomically; refuse if a lab of that name exists or half-exists."""
     d = lab_dir(name)
-    d.path.parent.mkdir(parents=True, exist_ok=True)
+    checked_root(create=True)
     try:
-        d.path.mkdir()
+        d.path.mkdir(mode=0o700)
     except FileExistsError:
         state = d.read_state()
         pid = state.get("pid")
@@ -105,14 +173,16 @@ def claim(name: str, plan: dict, topology_file: str | None) -> LabDir:
                            f"`labctl down {name}` first, or start a second copy with --name {name}2") from None
         raise LabError(f"lab {name!r} has remains of an interrupted run in {d.path}",
                        "`labctl clean` removes them") from None
-    (d.path / "plan.json").write_text(json.dumps(plan))  # compact: the C encoder, 10x faster
     d.write_state(lab=name, status="building", pid=os.getpid(), started=time.time(),
                   topology_file=topology_file)
+    (d.path / "plan.json").write_text(json.dumps(plan))  # compact: the C encoder, 10x faster
     return d
 
 
 def all_labs() -> list[LabDir]:
-    root = state_root()
+    """Every lab record in the state directory (entries that are not one are ignored)."""
+    root = checked_root()
     if not root.is_dir():
         return []
-    return [LabDir(p.name, p) for p in sorted(root.iterdir()) if p.is_dir()]
+    return [LabDir(p.name, p) for p in sorted(root.iterdir())
+            if valid_lab_name(p.name) and p.is_dir() and not p.is_symlink()]

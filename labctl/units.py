@@ -1,6 +1,7 @@
 """Parsing of rates, durations and sizes as people write them ("400G", "5ms", "512KiB")."""
 from __future__ import annotations
 
+import math
 import re
 
 _NUM = r"(?P<num>[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*"
@@ -20,6 +21,26 @@ _SIZE_UNITS = {
 }
 
 
+# Past these nothing in a lab means anything, and int() of an infinite float is a crash, not an error.
+RATE_MAX = 1e15             # 1 Pbit/s
+SIZE_MAX = 1 << 48          # 256 TiB
+DURATION_MAX_NS = 86400e9   # a day
+
+
+def _bounded(value: float, limit: float, text, what: str) -> float:
+    if not math.isfinite(value) or value < 0 or value > limit:
+        raise ValueError(f"{text!r} is not a usable {what} (it must be finite, from 0 up to {limit:g} "
+                         f"{'bit/s' if what == 'rate' else 'bytes' if what == 'size' else 'ns'})")
+    return value
+
+
+def _as_float(value) -> float:
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
+
+
 def _split(text: str, what: str, examples: str) -> tuple[float, str]:
     if not isinstance(text, str):
         raise ValueError(f"{text!r} is not a {what}; write it like {examples}")
@@ -34,12 +55,12 @@ def parse_rate(value: str | int | float) -> int:
     if isinstance(value, bool):
         raise ValueError(f"{value!r} is not a rate; write it like 400G, 100Gbit or 25Mbps")
     if isinstance(value, (int, float)):
-        num, unit = float(value), ""
+        num, unit = _as_float(value), ""
     else:
         num, unit = _split(value, "rate", "400G, 100Gbit or 25Mbps")
     if unit not in _RATE_UNITS:
         raise ValueError(f"unknown rate unit {unit!r} in {value!r}; use one of G, Gbit, Gbps, M, Mbit, K")
-    return int(round(num * _RATE_UNITS[unit]))
+    return int(round(_bounded(num * _RATE_UNITS[unit], RATE_MAX, value, "rate")))
 
 
 def parse_duration_ns(value: str | int | float) -> int:
@@ -47,13 +68,13 @@ def parse_duration_ns(value: str | int | float) -> int:
     if isinstance(value, bool):
         raise ValueError(f"{value!r} is not a duration; write it like 5us, 2ms or 0.5s")
     if isinstance(value, (int, float)):
-        return int(round(float(value) * 1e9))
+        return int(round(_bounded(_as_float(value) * 1e9, DURATION_MAX_NS, value, "duration")))
     num, unit = _split(value, "duration", "5us, 2ms or 0.5s")
     if unit == "":
         unit = "s"
     if unit not in _TIME_UNITS:
         raise ValueError(f"unknown time unit {unit!r} in {value!r}; use ns, us, ms or s")
-    return int(round(num * _TIME_UNITS[unit]))
+    return int(round(_bounded(num * _TIME_UNITS[unit], DURATION_MAX_NS, value, "duration")))
 
 
 def parse_size(value: str | int | float) -> int:
@@ -61,11 +82,11 @@ def parse_size(value: str | int | float) -> int:
     if isinstance(value, bool):
         raise ValueError(f"{value!r} is not a size; write it like 512KiB, 1MB or 9000")
     if isinstance(value, (int, float)):
-        return int(value)
+        return int(_bounded(_as_float(value), SIZE_MAX, value, "size"))
     num, unit = _split(value, "size", "512KiB, 1MB or 9000")
     if unit not in _SIZE_UNITS:
         raise ValueError(f"unknown size unit {unit!r} in {value!r}; use B, KB, MB, KiB or MiB")
-    return int(round(num * _SIZE_UNITS[unit]))
+    return int(round(_bounded(num * _SIZE_UNITS[unit], SIZE_MAX, value, "size")))
 
 
 def format_rate(bps: float) -> str:

@@ -26,9 +26,9 @@ def test_broken_experiment_fails_with_a_located_error_before_building(path, tmp_
         assert info.value.where.line == line and str(path) in str(info.value), str(info.value)
 
 
-def test_every_bundled_experiment_is_valid():
+def test_every_bundled_experiment_is_valid(tmp_path):
     for path in sorted((ROOT / "experiments").glob("*.yml")):
-        prepare(path, Path("/tmp") / "labctl-check" / path.stem)
+        prepare(path, tmp_path / path.stem)
 
 
 def test_judge_compares_runs_factors_and_trends():

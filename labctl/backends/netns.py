@@ -1,7 +1,8 @@
 """The default backend: Linux network namespaces joined by veth pairs, configured over rtnetlink.
 
 Build order, chosen by measurement (DESIGN §8):
-  1. every namespace, created in-process, with its sysctls set before any interface exists in it;
+  1. every namespace, created in-process, with its sysctls set before any interface exists in it
+     (receive packet steering among them, so that no flow is reordered between hops: rps.py);
   2. every veth pair in one netlink burst from the root namespace, each end created directly in its
      namespace with its final name, MAC, MTU and ifindex;
   3. per namespace, one burst: links up, addresses, HTB shaping with a bfifo leaf, ECMP routes.
@@ -15,8 +16,9 @@ import socket
 import time
 from typing import Callable
 
-from labctl.backends import nsutil, rtnl, wires
+from labctl.backends import nsutil, rps, rtnl, wires
 from labctl.dataplane import nft, qos
+from labctl import procs
 from labctl.errors import LabError
 from labctl.plan.model import Interface, LabPlan, Node
 from labctl.state import LabDir
@@ -55,6 +57,7 @@ class NetnsBackend:
                 nsutil.create(ns)
                 handles[ns] = _NsHandles.open(ns, wires.SYSCTLS)
             self._create_links(plan, handles, progress)
+            _steer_without_default_mask(plan, handles)
             for i, node in enumerate(plan.nodes):
                 _configure(node, handles[node.name], wires.static_neighbours(plan, node.name))
                 _classify(node)
@@ -99,9 +102,11 @@ class NetnsBackend:
 
     def destroy(self, lab: LabDir, keep_record: bool = False) -> list[str]:
         """Remove everything the journal lists: processes in the lab's namespaces, then the namespaces."""
-        names = lab.journaled("netns")
+        names = lab.namespaces()
         inodes = {i for i in (nsutil.inode(n) for n in names) if i is not None}
-        pids = [int(p) for p in lab.journaled("pid")]
+        # only processes provably started by labctl (PID and start time), and those inside the lab's
+        # own namespaces: never a PID that was reused since
+        pids = [p for p in (procs.verified(e) for e in lab.journaled("pid")) if p is not None]
         if inodes:
             pids += nsutil.pids_in(inodes)
         nsutil.kill_all(sorted(set(p for p in pids if nsutil.pid_alive(p))))
@@ -118,17 +123,19 @@ class NetnsBackend:
 class _NsHandles:
     """Open handles into one namespace: its fd (to place veth ends), an rtnetlink socket, an ioctl socket."""
 
-    def __init__(self, ns_fd: int, nl: socket.socket, ioctl: socket.socket):
+    def __init__(self, ns_fd: int, nl: socket.socket, ioctl: socket.socket, namespace: str, rps_default: bool):
         self.ns_fd, self.nl, self.ioctl = ns_fd, nl, ioctl
+        self.namespace, self.rps_default = namespace, rps_default
 
     @classmethod
     def open(cls, namespace: str, sysctls: dict[str, str]) -> "_NsHandles":
         with nsutil.entered(namespace):
             nsutil.write_sysctls(sysctls)
+            rps_default = rps.set_default(rps.cpu_mask())
             nl = rtnl.open_socket()
             ioctl = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             ns_fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
-        return cls(ns_fd, nl, ioctl)
+        return cls(ns_fd, nl, ioctl, namespace, rps_default)
 
     def close(self) -> None:
         for closer in (lambda: os.close(self.ns_fd), self.nl.close, self.ioctl.close):
@@ -136,6 +143,19 @@ class _NsHandles:
                 closer()
             except OSError:
                 pass
+
+
+def _steer_without_default_mask(plan: LabPlan, handles: dict[str, _NsHandles]) -> None:
+    """Kernels without a per-namespace default RPS mask: set each port's mask through sysfs."""
+    ports: dict[str, list[str]] = {node.name: [i.name for i in node.interfaces] for node in plan.nodes}
+    for link in wires.wired(plan):
+        for ns, name, _ in wires.ports(link):
+            ports.setdefault(ns, []).append(name)
+    mask = rps.cpu_mask()
+    for key, names in ports.items():
+        h = handles[key]
+        if not h.rps_default and names:
+            rps.set_on_devices(str(nsutil.path(h.namespace)), names, mask)
 
 
 def _configure_line(link, handles: dict[str, _NsHandles]) -> None:

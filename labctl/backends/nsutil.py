@@ -17,12 +17,17 @@ from pathlib import Path
 
 from pyroute2 import netns as pr_netns
 
+from labctl.plan.naming import valid_namespace
+
 NETNS_DIR = Path("/var/run/netns")
 SIOCETHTOOL = 0x8946
 ETHTOOL_STXCSUM = 0x17
 
 
 def path(name: str) -> Path:
+    """/var/run/netns/NAME; a name read from a record that could point elsewhere is refused."""
+    if not valid_namespace(name):
+        raise ValueError(f"{name!r} is not a namespace name labctl makes")
     return NETNS_DIR / name
 
 

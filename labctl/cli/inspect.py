@@ -24,7 +24,8 @@ def status(lab, as_json):
     from labctl import lab as labmod
     from labctl import state
     if lab is None:
-        labs = [{"lab": d.name, **{k: d.read_state().get(k) for k in ("status", "topology_file", "pid")}}
+        labs = [{"lab": d.name, **{k: d.read_state().get(k) for k in ("status", "topology_file", "pid")},
+                 "helpers_down": [h["helper"] for h in labmod.helpers(d) if not h["running"]]}
                 for d in state.all_labs()]
         if as_json:
             click.echo(json.dumps(labs, indent=1))
@@ -33,10 +34,12 @@ def status(lab, as_json):
             out.print("no labs (labctl up FILE builds one)")
             return
         t = Table(title="labs")
-        for col in ("lab", "status", "topology file"):
+        for col in ("lab", "status", "helpers", "topology file"):
             t.add_column(col)
         for d in labs:
-            t.add_row(d["lab"], str(d["status"]), str(d["topology_file"]))
+            down = d["helpers_down"]
+            t.add_row(d["lab"], str(d["status"]), f"[red]{', '.join(down)} not running[/]" if down else "ok",
+                      str(d["topology_file"]))
         out.print(t)
         return
     s = labmod.status(labmod.find_lab(lab))
@@ -54,6 +57,10 @@ def status(lab, as_json):
                       str(p.get("rx_bytes", "")))
             first = False
     out.print(t)
+    for h in s["helpers"]:
+        state_text = "[green]running[/]" if h["running"] else "[red]not running[/]"
+        out.print(f"{h['helper']} (pid {h['pid']}): {state_text}" + (f"; {h['note']}" if h["note"] else ""),
+                  highlight=False)
 
 
 @cli.command(name="exec", context_settings={"ignore_unknown_options": True})

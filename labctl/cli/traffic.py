@@ -38,13 +38,13 @@ def run(workload, lab_name, out_dir, as_json):
         return
     from labctl import lab as labmod
     from labctl.traffic import report
-    from labctl.traffic.run import default_run_dir, run_workload
+    from labctl.traffic.run import default_run_dir, new_run_dir, run_workload
     from labctl.traffic.workload import load_workload
     loaded = load_workload(workload)
     labmod.require_root("labctl run")
     lab = labmod.default_lab(lab_name)
     plan = labmod.load_plan(lab)
-    target = Path(out_dir) if out_dir else default_run_dir(loaded.workload.name)
+    target = new_run_dir(Path(out_dir) if out_dir else default_run_dir(loaded.workload.name))
 
     def progress(done, total, label):
         if sys.stderr.isatty():
@@ -73,7 +73,9 @@ def _run_experiments(target, out_dir, as_json) -> None:
     base = Path(out_dir) if out_dir else Path("runs")
     outs = {f: (base if out_dir and len(files) == 1 else base / f"{time.strftime('%Y%m%d-%H%M%S')}-{f.stem}")
             for f in files}
+    from labctl.traffic.run import new_run_dir
     for f in files:                      # every file checked before the first lab is built
+        new_run_dir(outs[f])
         prepare(f, outs[f])
     labmod.require_root("labctl run (an experiment builds a lab)")
     failed = []

@@ -10,8 +10,12 @@ Keys are "NODE:PORT:TC"; each maps to any of ecn (bool), pfc (bool), kmin, kmax,
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import math
 import os
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,28 +28,81 @@ def key(node: str, port: str, tc: int) -> str:
     return f"{node}:{port}:{tc}"
 
 
-def load(lab_path: Path) -> dict:
+def load(lab_path: Path, strict: bool = False) -> dict:
+    """The control file, checked; a missing file is the plan's settings. A malformed one raises
+    ValueError when `strict` (the controller keeps what it applied and says why), else counts as
+    absent."""
     try:
-        doc = json.loads((Path(lab_path) / FILE).read_text())
-    except (OSError, ValueError):
+        text = (Path(lab_path) / FILE).read_text()
+    except OSError:
         return {"generation": 0, "ports": {}}
-    return {"generation": int(doc.get("generation", 0)), "ports": dict(doc.get("ports", {}))}
+    try:
+        return parse(json.loads(text))
+    except ValueError:
+        if strict:
+            raise
+        return {"generation": 0, "ports": {}}
+
+
+def parse(doc) -> dict:
+    """Check a control document's shape and every value's type and range."""
+    if not isinstance(doc, dict):
+        raise ValueError(f"{FILE}: not a JSON object")
+    generation = doc.get("generation", 0)
+    if not isinstance(generation, int) or isinstance(generation, bool) or generation < 0:
+        raise ValueError(f"{FILE}: generation {generation!r} is not a non-negative integer")
+    ports = doc.get("ports", {})
+    if not isinstance(ports, dict):
+        raise ValueError(f"{FILE}: ports is not an object")
+    for k, settings in ports.items():
+        if not isinstance(settings, dict):
+            raise ValueError(f"{FILE}: {k}: not an object")
+        for name, value in settings.items():
+            check_value(f"{FILE}: {k}", name, value)
+    return {"generation": generation, "ports": ports}
+
+
+def check_value(where: str, name: str, value) -> None:
+    kind = SETTINGS.get(name)
+    if kind is None:
+        raise ValueError(f"{where}: unknown setting {name!r} (known: {', '.join(SETTINGS)})")
+    if kind is bool:
+        ok = isinstance(value, bool)
+    elif kind is int:
+        ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 1 << 40
+    else:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+            and 0 <= value <= 1
+    if not ok:
+        raise ValueError(f"{where}: {name} = {value!r} is not a valid {kind.__name__}"
+                         + (" from 0 to 1" if kind is float else " of bytes" if kind is int else ""))
+
+
+@contextlib.contextmanager
+def _locked(lab_path: Path):
+    """One writer at a time: two `tc set` at once must not lose either change."""
+    with open(Path(lab_path) / (FILE + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def merge(lab_path: Path, changes: dict[str, dict]) -> int:
     """Add `changes` (key -> settings) to the lab's control file; returns the new generation."""
     for k, settings in changes.items():
-        unknown = set(settings) - set(SETTINGS)
-        if unknown:
-            raise ValueError(f"{k}: unknown settings {sorted(unknown)}")
-    doc = load(lab_path)
-    for k, settings in changes.items():
-        doc["ports"].setdefault(k, {}).update(settings)
-    doc["generation"] += 1
-    path = Path(lab_path) / FILE
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(doc, indent=1))
-    os.replace(tmp, path)
+        for name, value in settings.items():
+            check_value(k, name, value)
+    with _locked(lab_path):
+        doc = load(lab_path)
+        for k, settings in changes.items():
+            doc["ports"].setdefault(k, {}).update(settings)
+        doc["generation"] += 1
+        fd, tmp = tempfile.mkstemp(prefix=".control-", dir=lab_path)
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, indent=1)
+        os.replace(tmp, Path(lab_path) / FILE)
     return doc["generation"]
 
 

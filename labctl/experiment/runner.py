@@ -17,6 +17,7 @@ import yaml
 from labctl import lab as labmod
 from labctl.capture import Capture, file_name
 from labctl.errors import InputError, LabError
+from labctl.paths import is_dir
 from labctl.experiment import plots
 from labctl.experiment.metrics import run_metrics
 from labctl.experiment.spec import METRICS, Experiment, load_experiment
@@ -199,7 +200,7 @@ def draw(plan, runs: dict[str, Path], out: Path) -> dict[str, list[str]]:
 
 
 def experiment_files(target: Path) -> list[Path]:
-    if target.is_dir():
+    if is_dir(target):
         files = sorted(p for p in target.glob("*.yml"))
         if not files:
             raise LabError(f"{target} holds no experiment files (*.yml)")
@@ -209,13 +210,14 @@ def experiment_files(target: Path) -> list[Path]:
 
 def is_experiment(path: Path) -> bool:
     """An experiment file has steps:; a workload file does not."""
-    if path.is_dir():
+    if is_dir(path):
         return True
+    from labctl.topology.yamlpos import load_yaml_file
     try:
-        data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError):
-        return False
-    return isinstance(data, dict) and "steps" in data
+        data = load_yaml_file(path, "file", "", "")[1]
+    except InputError:
+        return False        # loading it as a workload then reports what is wrong, with its line
+    return "steps" in data
 
 
 __all__ = ["run_experiment", "experiment_files", "is_experiment", "METRICS", "InputError"]

@@ -20,12 +20,14 @@
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from labctl.errors import InputError
+from labctl.paths import is_file
 from labctl.topology.load import _input_error
 from labctl.topology.yamlpos import load_yaml_file
 from labctl.units import parse_duration_ns
@@ -64,9 +66,22 @@ class Capture(Strict):
     filter: str = Field("", description="a capture filter, e.g. udp port 4791")
 
 
+SWEEP_VALUE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,31}$")
+
+
 class Sweep(Strict):
     var: str = Field(description="the template variable to sweep")
     values: list[Any] = Field(min_length=2, description="its values, one run of the steps each")
+
+    @field_validator("values")
+    @classmethod
+    def _names_a_run(cls, values: list) -> list:
+        # each value names its runs and their directories (ar@5): a path there could escape the run dir
+        for v in values:
+            if isinstance(v, (dict, list)) or not SWEEP_VALUE.fullmatch(str(v)) or ".." in str(v):
+                raise ValueError(f"sweep value {v!r} must be a plain number or word (letters, digits, '.', "
+                                 "'+', '-'; it names the runs)")
+        return values
 
 
 class Step(Strict):
@@ -133,12 +148,12 @@ def load_experiment(path: Path) -> tuple[Experiment, str, object]:
 def _check(exp: Experiment, path: Path, smap) -> None:
     """Cross-key checks: files exist, runs named once, expectations name known runs and metrics."""
     base = path.parent
-    if not (base / exp.topology).is_file():
+    if not is_file(base / exp.topology):
         raise InputError(smap.where(("topology",)), f"topology file {exp.topology!r} not found (relative to {base})",
                          "give the lab file's path relative to the experiment file")
     names = []
     for k, step in enumerate(exp.steps):
-        if isinstance(step.run, str) and not (base / step.run).is_file():
+        if isinstance(step.run, str) and not is_file(base / step.run):
             raise InputError(smap.where(("steps", k, "run")), f"workload file {step.run!r} not found",
                              "give the workload's path relative to the experiment file, or write it inline")
         if step.run is not None:

@@ -145,6 +145,7 @@ class LabPlan:
     links: list[Link]
     ecn: EcnPlan = field(default_factory=lambda: EcnPlan(400_000, 1_600_000, 0.2))
     shared_buffer: SharedBuffer | None = None
+    pfc_response_s: float = 0.02   # lab time from XOFF to stopped feeders the headroom is sized for
 
     def node(self, name: str) -> Node:
         for n in self.nodes:
@@ -164,6 +165,16 @@ class LabPlan:
 
     @classmethod
     def from_dict(cls, d: dict) -> "LabPlan":
+        """A plan read back from plan.json; ValueError if a namespace in it is not one labctl would
+        have named for this lab (every labctl command enters and deletes the namespaces it lists)."""
+        from labctl.plan.naming import valid_lab_name, valid_namespace
+        if not valid_lab_name(d.get("lab")):
+            raise ValueError(f"plan.json names lab {d.get('lab')!r}, which is not a lab name")
+        spaces = [n["namespace"] for n in d["nodes"]] + [lk["wire"][k] for lk in d["links"] if lk.get("wire")
+                                                           for k in ("near", "far")]
+        bad = [ns for ns in spaces if not valid_namespace(ns, d["lab"])]
+        if bad:
+            raise ValueError(f"plan.json lists namespace {bad[0]!r}, which is not one of lab {d['lab']!r}'s")
         nodes = []
         for n in d["nodes"]:
             ifaces = [Interface(**{**i, "shaping": Shaping(**{**i["shaping"], "classes": [
@@ -174,7 +185,8 @@ class LabPlan:
                    {k: FabricPlan(**v) for k, v in d["fabrics"].items()}, nodes,
                    [Link(**{**lk, "wire": Wire(**lk["wire"]) if lk.get("wire") else None}) for lk in d["links"]], EcnPlan(**d["ecn"]) if "ecn" in d else EcnPlan(
                        400_000, 1_600_000, 0.2),
-                   SharedBuffer(**d["shared_buffer"]) if d.get("shared_buffer") else None)
+                   SharedBuffer(**d["shared_buffer"]) if d.get("shared_buffer") else None,
+                   d.get("pfc_response_s", 0.02))
 
 
 def _plain(obj):

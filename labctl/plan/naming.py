@@ -11,11 +11,25 @@ from dataclasses import dataclass
 from labctl.topology.schema import IFNAME_MAX
 
 IFNAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")
+LAB_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,23}$")   # the topology schema's rule for a lab's name:
+# every namespace labctl makes (<lab>-<node>, <lab>-wire3.a): never a path, never "." or ".."
+NAMESPACE_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,254}$")
 
 
 def namespace(lab: str, node: str) -> str:
     """`<lab>-<node>`, so `ip netns exec <lab>-<node> …` works without labctl."""
     return f"{lab}-{node}"
+
+
+def valid_lab_name(name: object) -> bool:
+    return isinstance(name, str) and LAB_NAME_RE.fullmatch(name) is not None
+
+
+def valid_namespace(name: object, lab: str | None = None) -> bool:
+    """A name labctl could have given a namespace (of lab `lab`, if given); records are checked
+    with it before anything acts on a name they hold."""
+    return (isinstance(name, str) and NAMESPACE_RE.fullmatch(name) is not None and ".." not in name
+            and (lab is None or name.startswith(lab + "-")))
 
 
 def mac(node_index: int, port_index: int) -> str:

@@ -12,6 +12,8 @@ from labctl.units import format_rate
 # anything; below 64 kbit/s a 9000-byte frame takes over a second and ping times out.
 LAB_RATE_MAX = 40e9
 LAB_RATE_MIN = 64e3
+# The WAN line holds a link's frames for its delay: past a minute of lab time a run is not a lab.
+LAB_DELAY_MAX_NS = 60e9
 
 
 def _round_up(x: float) -> int:
@@ -122,6 +124,7 @@ def check_topology(topo: Topology, smap: SourceMap) -> None:
             raise InputError(smap.where(("links", i, "distance")),
                              f"WAN link {parsed[0][0]}—{parsed[1][0]} has a distance but no rate",
                              "give it its own rate, e.g. `rate: 400G`: a WAN link rarely runs at the fabric default")
+        _check_delay(topo, smap, i, link)
         rate = link.rate or topo.defaults.rate
         lab_rate = rate / topo.dilation
         key = ("links", i, "rate") if link.rate else ("defaults", "rate")
@@ -146,6 +149,20 @@ def check_topology(topo: Topology, smap: SourceMap) -> None:
         assign_ifnames(ends)
     except NamingError as exc:
         raise InputError(smap.where(("links", exc.link, "endpoints", exc.end)), exc.message, exc.fix) from None
+
+
+def _check_delay(topo: Topology, smap: SourceMap, i: int, link) -> None:
+    one_way = link.latency if link.latency is not None else (
+        link.distance * 4900 if link.distance is not None else topo.defaults.latency)
+    lab = (one_way + (link.jitter or 0)) * topo.dilation
+    if lab > LAB_DELAY_MAX_NS:
+        key = ("links", i, "latency" if link.latency is not None else "distance" if link.distance is not None
+               else "jitter" if link.jitter else "latency")
+        raise InputError(smap.where(key if link.latency is not None or link.distance is not None or link.jitter
+                                    else ("defaults", "latency")),
+                         f"a one-way delay of {one_way / 1e6:g} ms at dilation {topo.dilation:g} is "
+                         f"{lab / 1e9:g} s in the lab; the WAN line holds at most {LAB_DELAY_MAX_NS / 1e9:g} s",
+                         "shorten the link or lower dilation")
 
 
 def _check_nic_sharing(topo: Topology, smap: SourceMap, i: int, parsed, nic_fabric: dict) -> None:

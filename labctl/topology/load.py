@@ -9,11 +9,16 @@ from pydantic import ValidationError
 
 from labctl.errors import InputError, Where
 from labctl.topology import templates as tpl
+from labctl.plan.naming import valid_lab_name
 from labctl.topology.check import check_topology
 from labctl.topology.schema import Topology
 from labctl.topology.yamlpos import SourceMap, load_yaml, load_yaml_file
 
 TEMPLATE_LAB_KEYS = ("name", "description", "template", "vars")
+# What one machine builds: every node is a namespace holding sockets, routes and qdiscs in the
+# kernel, every link a veth pair with an HTB tree per end. A 1,024-GPU pod is ~1,200 nodes.
+MAX_NODES = 4096
+MAX_LINKS = 16384
 
 
 @dataclass
@@ -32,7 +37,11 @@ def parse_sets(sets: tuple[str, ...] | list[str]) -> dict:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise InputError(Where("--set"), f"{item!r} is not key=value", "write it like --set spines=4")
-        out[key.strip()] = yaml.safe_load(value) if value.strip() else ""
+        try:
+            out[key.strip()] = load_yaml(value, "--set")[0] if value.strip() else ""
+        except InputError as exc:
+            raise InputError(Where("--set", key=key.strip()), f"{value!r} is not a YAML value: {exc.message}",
+                             "quote it the way a shell passes it, e.g. --set 'wan_buffer=2MB'") from None
     return out
 
 
@@ -79,7 +88,13 @@ def _render(file: str | Path, sets=(), template_dirs=()):
         return smap.where(("vars", key))
 
     variables = tpl.resolve_vars(template, given, where_of)
-    variables["name"] = data.get("name", name)
+    lab_name = data.get("name", name)
+    if not valid_lab_name(lab_name):
+        raise InputError(smap.where(("name",) if "name" in data else ("template",)),
+                         f"{lab_name!r} is not a lab name",
+                         "the lab name is lower-case letters, digits and '-', starting with a letter, at most 24 "
+                         "characters (it prefixes every namespace)")
+    variables["name"] = lab_name
     rendered = tpl.render(template, variables, search, smap.where(("template",)))
     origin = f"{path} (rendered from template {name}; see `labctl render {path}`)"
     rdata, rmap = load_yaml(rendered, origin)
@@ -104,6 +119,11 @@ def load_topology(file: str | Path, sets=(), template_dirs=(), name: str | None 
         raise InputError(Where(smap.file, 1), "the lab is empty", "add name:, nodes: and links:")
     if name is not None:
         data["name"] = name
+    for key, limit in (("nodes", MAX_NODES), ("links", MAX_LINKS)):
+        if isinstance(data.get(key), (dict, list)) and len(data[key]) > limit:
+            raise InputError(smap.where((key,)), f"{len(data[key]):,} {key}: one machine builds at most "
+                             f"{limit:,} (each node is a namespace with its own kernel tables, each link a veth "
+                             "pair with queues at both ends)", "build a smaller lab, e.g. fewer servers")
     try:
         topo = Topology.model_validate(data)
     except ValidationError as exc:

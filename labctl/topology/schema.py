@@ -4,7 +4,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from labctl.units import parse_duration_ns, parse_rate, parse_size
 
@@ -13,7 +13,7 @@ IFNAME_MAX = 15  # IFNAMSIZ - 1
 
 Rate = Annotated[int, BeforeValidator(parse_rate), Field(gt=0, description="a rate such as 400G or 100Mbit")]
 Duration = Annotated[int, BeforeValidator(parse_duration_ns),
-                     Field(ge=0, description="a duration such as 2us or 5ms")]
+                     Field(ge=0, le=10**9, description="a duration such as 2us or 5ms, at most 1s")]
 Size = Annotated[int, BeforeValidator(parse_size), Field(gt=0, description="a size such as 1MiB or 9000")]
 Name = Annotated[str, Field(pattern=NAME_PATTERN, max_length=40,
                             description="lower-case letters, digits, '-' and '_', starting with a letter")]
@@ -54,7 +54,7 @@ class TrafficClass(Strict):
     weight: int = Field(1, ge=1, le=100, description="share of the link among non-strict classes, 1..100")
     buffer: Size = Field(4 * 1024 * 1024, description="this class's egress buffer per port, e.g. 4MiB")
     headroom: Size | None = Field(None, description="lossless: buffer kept above XOFF for in-flight data "
-                                                    "(default: 2 x feeders x rate x (delay + response) + 2 MTU)")
+                                                    "(default: feeders x rate x (2 x delay + the controller's reaction, 20 ms) + 2 MTU)")
 
 
 class EcnProfile(Strict):
@@ -84,16 +84,30 @@ class Qos(Strict):
 class Fabric(Strict):
     kind: Literal[FABRIC_KINDS] = Field(description="one of " + ", ".join(FABRIC_KINDS))
     description: str = ""
-    lossless: bool | None = Field(None, description="PFC on the RoCE class (default: true for scale-out)")
+    lossless: bool | None = Field(None, description="PFC on the RoCE class (default: true for scale-out and "
+                                    "scale-up; false makes an NVLink fabric drop instead of pausing)")
     prefix: ipaddress.IPv4Network | None = Field(None, description="address pool for /31 links, e.g. 10.1.0.0/16")
     loopbacks: ipaddress.IPv4Network | None = Field(None, description="pool for router loopbacks, e.g. 10.101.0.0/24")
+
+    @field_validator("prefix", "loopbacks")
+    @classmethod
+    def _usable_pool(cls, net, info):
+        if net is None:
+            return net
+        if net.is_loopback or net.is_multicast or net.is_link_local or net.is_reserved or net.is_unspecified \
+                or net.network_address == ipaddress.IPv4Address("0.0.0.0"):
+            raise ValueError(f"{net} is not a unicast pool a lab can number its ports from "
+                             "(loopback, multicast, link-local, reserved and 0/8 are not)")
+        if info.field_name == "prefix" and net.prefixlen > 31:
+            raise ValueError(f"{net} cannot hold a /31 link; give a pool of /31 or larger, e.g. 10.1.0.0/16")
+        return net
 
 
 class Node(Strict):
     kind: Literal[NODE_KINDS] = Field(description="one of " + ", ".join(NODE_KINDS))
     fabric: Name | None = Field(None, description="the fabric a switch or router belongs to")
     server: Name | None = Field(None, description="the server a GPU sits in (GPUs of a server share scale-up)")
-    rank: int | None = Field(None, ge=0, description="the GPU's global rank")
+    rank: int | None = Field(None, ge=0, le=1_000_000, description="the GPU's global rank, 0..1000000")
     zone: Name | None = Field(None, description="the building (AI zone) it stands in; zones meet over the WAN")
     description: str = ""
 

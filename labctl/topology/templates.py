@@ -3,23 +3,42 @@
 A template is a directory `<name>/` holding `topology.yml.j2` and `vars.yml` (its description and
 every variable with type, default, range and help). Directories earlier on the search path win,
 so a user's `templates/leaf-spine/` overrides the bundled one (netlab's layering).
+
+labctl renders as root, so a template is untrusted code: it renders in Jinja's immutable sandbox
+(no attribute of Python's internals, nothing that runs a command), its `{% import "lib/..." %}`
+finds macros only in the tree it came from (a lab folder's lib/ cannot replace the bundled macros
+of a bundled template), and as root a template tree that group or others may write is refused.
+String variables reach the YAML quoted, so a value cannot add keys to what the template writes.
 """
 from __future__ import annotations
 
 import difflib
+import json
 import os
+import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 import jinja2
-import yaml
+import jinja2.sandbox
 
 from labctl.errors import InputError, Where
+from labctl.topology.yamlpos import load_yaml_file
 from labctl.units import parse_duration_ns, parse_rate, parse_size
 
 TEMPLATE_FILE = "topology.yml.j2"
 VARS_FILE = "vars.yml"
 _TYPES = ("int", "float", "bool", "str", "rate", "size", "duration")
+TEMPLATE_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
+
+
+class Quoted(str):
+    """A user's string variable: the renderer writes it as a quoted YAML scalar."""
+
+
+def _finalize(value):
+    return json.dumps(str(value)) if isinstance(value, Quoted) else value
 
 
 def bundled_dir(subdir: str = "templates") -> Path:
@@ -71,6 +90,10 @@ class Template:
 
 
 def find_template(name: str, path: list[Path], where: Where) -> Template:
+    if not isinstance(name, str) or not TEMPLATE_NAME.fullmatch(name):
+        raise InputError(where, f"{name!r} is not a template name",
+                         "a template is named by its directory: lower-case letters, digits, '-' and '_' "
+                         "(`labctl templates` lists them)")
     for d in path:
         if (d / name / TEMPLATE_FILE).is_file():
             return _read_template(name, d / name)
@@ -82,11 +105,15 @@ def find_template(name: str, path: list[Path], where: Where) -> Template:
 
 def _read_template(name: str, directory: Path) -> Template:
     spec_file = directory / VARS_FILE
-    spec = yaml.safe_load(spec_file.read_text()) if spec_file.is_file() else {}
-    spec = spec or {}
+    spec = load_yaml_file(spec_file, "template's vars.yml", "description:, vars:",
+                          "templates/leaf-spine/vars.yml")[1] if spec_file.is_file() else {}
     variables = {}
-    for var, s in (spec.get("vars") or {}).items():
-        if s.get("type") not in _TYPES:
+    declared = spec.get("vars") or {}
+    if not isinstance(declared, dict):
+        raise InputError(Where(str(spec_file), key="vars"), "vars must map each variable to its declaration")
+    for var, s in declared.items():
+        if not isinstance(s, dict) or s.get("type") not in _TYPES:
+            s = s if isinstance(s, dict) else {}
             raise InputError(Where(str(spec_file), key=f"vars.{var}.type"),
                              f"template variable type {s.get('type')!r} is not one of {', '.join(_TYPES)}")
         variables[var] = VarSpec(var, s["type"], s.get("default"), s.get("help", ""),
@@ -132,7 +159,9 @@ def _convert(spec: VarSpec, value, where: Where):
             if not isinstance(value, bool):
                 raise bad(f"expected true or false, got {value!r}")
         elif spec.type == "str":
-            value = str(value)
+            if isinstance(value, (dict, list)):
+                raise bad(f"expected a string, got {value!r}")
+            value = Quoted(value)
         elif spec.type == "rate":
             parse_rate(value)
         elif spec.type == "size":
@@ -158,19 +187,42 @@ def _fail(message: str):
     raise TemplateFailure(message)
 
 
+def _check_not_writable_by_others(tpl: Template, where: Where) -> None:
+    """As root: a template is code root runs, so nobody but its owner may be able to change it."""
+    if os.geteuid() != 0:
+        return
+    tree = tpl.directory.parent
+    for p in [tree, tpl.directory, *sorted(tpl.directory.rglob("*")), *sorted((tree / "lib").rglob("*"))]:
+        try:
+            mode = os.stat(p).st_mode
+        except OSError:
+            continue
+        if mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise InputError(where, f"template {tpl.name!r}: {p} can be written by group or others "
+                             f"(mode {stat.S_IMODE(mode):o}), and labctl runs templates as root",
+                             f"chmod go-w {p}")
+
+
 def render(tpl: Template, variables: dict, path: list[Path], where: Where) -> str:
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader([str(p) for p in path]),
+    _check_not_writable_by_others(tpl, where)
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+        # only the tree the template came from: its own lib/ macros, never another directory's
+        loader=jinja2.FileSystemLoader(str(tpl.directory.parent)),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
         keep_trailing_newline=True,
         autoescape=False,
+        finalize=_finalize,
     )
     env.globals["fail"] = _fail
     env.filters["rate"] = parse_rate
     try:
         return env.get_template(f"{tpl.name}/{TEMPLATE_FILE}").render(**variables)
+    except jinja2.sandbox.SecurityError as exc:
+        raise InputError(Where(str(tpl.directory / TEMPLATE_FILE)), f"template {tpl.name!r} tried something "
+                         f"the sandbox forbids: {exc}", "templates may only format the variables they are "
+                         "given; remove the expression") from None
     except TemplateFailure as exc:
         raise InputError(where, f"template {tpl.name!r} cannot build this: {exc}",
                          "change the vars (see `labctl templates " + tpl.name + "`)") from None
@@ -181,6 +233,10 @@ def render(tpl: Template, variables: dict, path: list[Path], where: Where) -> st
         lineno = getattr(exc, "lineno", None)
         raise InputError(Where(str(tpl.directory / TEMPLATE_FILE), lineno), f"template error: {exc}",
                          "fix the template") from None
+    except (ArithmeticError, TypeError, ValueError, RecursionError, MemoryError) as exc:
+        raise InputError(Where(str(tpl.directory / TEMPLATE_FILE)), f"template {tpl.name!r} failed: "
+                         f"{type(exc).__name__}: {exc}", "check the variables' values "
+                         f"(`labctl templates {tpl.name}`)") from None
 
 
 def _did_you_mean(word: str, options: list[str]) -> str:

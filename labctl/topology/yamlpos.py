@@ -2,6 +2,9 @@
 
 Validation errors point at a line, so the loader returns the plain data together with a map from
 key paths (tuples of keys and list indexes) to 1-based line numbers.
+
+Input is hostile (labctl runs as root): nesting is capped before anything recursive sees the
+document, and aliases may expand to a bounded number of values ("billion laughs" is 542 bytes).
 """
 from __future__ import annotations
 
@@ -12,6 +15,9 @@ import yaml
 from labctl.errors import InputError, Where
 
 Path = tuple  # of str | int
+
+MAX_DEPTH = 64          # a lab file is a handful of levels deep
+MAX_REPEATS = 10_000    # values an alias repeats: real files use a few, "billion laughs" billions
 
 
 @dataclass
@@ -44,6 +50,7 @@ def dotted(path: Path) -> str:
 def load_yaml(text: str, file: str) -> tuple[object, SourceMap]:
     smap = SourceMap(file)
     try:
+        _check_depth(text, file)
         node = yaml.compose(text, Loader=_COMPOSER)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
@@ -53,7 +60,21 @@ def load_yaml(text: str, file: str) -> tuple[object, SourceMap]:
                          "check indentation and quoting near that line") from None
     if node is None:
         return None, smap
-    return _convert(node, (), smap), smap
+    return _convert(node, (), smap, set(), [0]), smap
+
+
+def _check_depth(text: str, file: str) -> None:
+    """Walk the event stream (libyaml's parser does not recurse) and refuse deep nesting."""
+    depth = 0
+    for event in yaml.parse(text, Loader=_COMPOSER):
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise InputError(Where(file, event.start_mark.line + 1),
+                                 f"nested more than {MAX_DEPTH} levels deep",
+                                 "a lab, workload or experiment is a few levels deep: flatten it")
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
 
 
 def load_yaml_file(path, what: str, keys: str, example: str) -> tuple[str, dict, SourceMap]:
@@ -65,17 +86,36 @@ def load_yaml_file(path, what: str, keys: str, example: str) -> tuple[str, dict,
     from pathlib import Path
     path = Path(path)
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise InputError(Where(str(path)), f"cannot read the {what}: {exc.strerror}",
+        raw = path.read_bytes()
+    except (OSError, ValueError) as exc:       # ValueError: a NUL byte in the path
+        raise InputError(Where(str(path)), f"cannot read the {what}: {getattr(exc, 'strerror', None) or exc}",
                          f"check the path (e.g. {example})") from None
+    text = decode(raw, str(path))
     data, smap = load_yaml(text, str(path))
     if not isinstance(data, dict):
         raise InputError(Where(str(path), 1), f"a {what} is a YAML mapping ({keys} ...)", f"start from {example}")
     return text, data, smap
 
 
-def _convert(node: yaml.Node, path: Path, smap: SourceMap) -> object:
+def decode(raw: bytes, file: str) -> str:
+    """UTF-8 text, or an error naming the line of the first byte that is not."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise InputError(Where(file, line), f"byte 0x{raw[exc.start]:02x} is not UTF-8 text",
+                         "save the file as UTF-8") from None
+
+
+def _convert(node: yaml.Node, path: Path, smap: SourceMap, seen: set, repeats: list) -> object:
+    if id(node) in seen:                 # an alias: the same node once more
+        repeats[0] += 1
+        if repeats[0] > MAX_REPEATS:
+            raise InputError(Where(smap.file, node.start_mark.line + 1),
+                             f"aliases repeat more than {MAX_REPEATS:,} values (aliases of aliases?)",
+                             "write the values out, or use fewer nested aliases")
+    else:
+        seen.add(id(node))
     smap.lines.setdefault(path, node.start_mark.line + 1)
     if isinstance(node, yaml.MappingNode):
         out: dict = {}
@@ -89,10 +129,10 @@ def _convert(node: yaml.Node, path: Path, smap: SourceMap) -> object:
                 raise InputError(Where(smap.file, key_node.start_mark.line + 1, dotted(path + (key,))),
                                  f"duplicate key {key!r}", "remove or rename one of the two entries")
             smap.lines[path + (key,)] = key_node.start_mark.line + 1
-            out[key] = _convert(value_node, path + (key,), smap)
+            out[key] = _convert(value_node, path + (key,), smap, seen, repeats)
         return out
     if isinstance(node, yaml.SequenceNode):
-        return [_convert(item, path + (i,), smap) for i, item in enumerate(node.value)]
+        return [_convert(item, path + (i,), smap, seen, repeats) for i, item in enumerate(node.value)]
     return yaml.SafeLoader.construct_object(_LOADER, node)
 
 

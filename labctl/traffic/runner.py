@@ -15,6 +15,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from labctl import procs
 from labctl.errors import LabError
 from labctl.plan.model import Interface, LabPlan, Node
 from labctl.state import LabDir
@@ -80,6 +81,8 @@ class AgentPool:
         # go-back-N retransmission timeout: a few hundred microseconds on the real fabric, x dilation
         self.rto = max(0.02, 250e-6 * plan.dilation)
         self.procs: dict[int, subprocess.Popen] = {}
+        self.identities: dict[int, str] = {}    # journaled as started, and as ended once reaped
+        self.lab = lab
         self.events: queue.Queue = queue.Queue()
         self.counters: dict[int, dict] = {}
         cpus = sorted(os.sched_getaffinity(0))
@@ -89,10 +92,12 @@ class AgentPool:
         try:
             for r in ranks:
                 node = self.nodes[r]
-                p = subprocess.Popen(["ip", "netns", "exec", node.namespace, sys.executable, "-m",
+                # -P and cwd=/: the agent imports labctl from its install, not from the caller's directory
+                p = subprocess.Popen(["ip", "netns", "exec", node.namespace, sys.executable, "-P", "-m",
                                       "labctl.traffic.agent"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True, bufsize=1)
-                lab.journal("pid", str(p.pid))
+                                     text=True, bufsize=1, cwd="/")
+                self.identities[r] = procs.identity(p.pid)
+                lab.journal("pid", self.identities[r])
                 self.procs[r] = p
                 threading.Thread(target=self._read, args=(r, p), daemon=True).start()
                 peers = {}
@@ -179,6 +184,9 @@ class AgentPool:
                 p.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 p.kill()
+                p.wait()
+        for ident in self.identities.values():
+            self.lab.journal("released-pid", ident)
         return self.counters
 
 

@@ -1,15 +1,16 @@
 """ESP keys for a lab's encrypted links: fresh at every `up`, kept in the lab directory only.
 
-esp-keys.json (mode 0600) is what the line reads; esp_sa is the same SAs in Wireshark's format:
-copy it to ~/.config/wireshark/esp_sa, or pass it to tshark (see `tshark_options`).
+esp-keys.json is what the line reads; esp_sa is the same SAs in Wireshark's format: copy it to
+~/.config/wireshark/esp_sa, or pass it to tshark (see `tshark_options`). Both hold the keys, so
+both are 0600 and never written through a symlink.
 """
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from labctl.plan.model import LabPlan
+from labctl.state import write_private
 from labctl.wan import esp
 
 
@@ -29,11 +30,8 @@ def write_keys(plan: LabPlan, lab_path: Path) -> dict:
         lines += [ab.wireshark_sa(), ba.wireshark_sa()]
     if not keys:
         return keys
-    path = Path(lab_path) / "esp-keys.json"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(keys, f)
-    (Path(lab_path) / "esp_sa").write_text("# Wireshark ESP SAs of this lab (uat:esp_sa)\n" + "\n".join(lines) + "\n")
+    write_private(Path(lab_path) / "esp-keys.json", json.dumps(keys))
+    write_private(Path(lab_path) / "esp_sa", "# Wireshark ESP SAs of this lab (uat:esp_sa)\n" + "\n".join(lines) + "\n")
     return keys
 
 

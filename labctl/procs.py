@@ -1,0 +1,77 @@
+"""Which process is which: a PID alone is reused, a PID with its start time is not.
+
+labctl journals every process it starts as "PID:START" (START is the kernel's start time of the
+process, in clock ticks since boot, field 22 of /proc/PID/stat). Before it signals a journaled
+process it reads the start time again: an agent that ended long ago, or a PID reused by another
+program (after a reboot, or after the PID space wrapped), has another start time or none, and is
+left alone.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+
+# Scheduling of the lab's own processes. The controller and the WAN line stand in for switch
+# hardware, which never waits for the hosts' CPUs: they run SCHED_FIFO. Anything that holds the
+# kernel's rtnl lock while the controller may need it (the queue sampler's qdisc dumps, the loss
+# ledger's snapshots) runs real-time too, one level lower: a time-shared thread preempted with the
+# lock held stalled the controller for 20-180 ms behind two CPU-burning processes (priority
+# inversion: the kernel's mutexes do not lend priority).
+HELPER_RT_PRIORITY = 10
+RTNL_READER_RT_PRIORITY = 5
+HELPER_NICE = -10          # where real-time scheduling is refused (a container without CAP_SYS_NICE)
+
+
+def start_time(pid: int) -> int | None:
+    """The process's start time, or None if there is no such (living) process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(") ", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    if fields[0] == "Z":
+        return None
+    return int(fields[19])
+
+
+def identity(pid: int) -> str:
+    """What the journal records for a process labctl just started."""
+    return f"{pid}:{start_time(pid) or 0}"
+
+
+def verified(entry: str) -> int | None:
+    """The PID of a journaled "PID:START" if that very process still runs, else None.
+
+    An entry without a start time (written by an older labctl) cannot be proven and is never used."""
+    pid_text, sep, start_text = entry.partition(":")
+    if not sep or not pid_text.isdigit() or not start_text.isdigit():
+        return None
+    pid = int(pid_text)
+    if pid <= 1 or pid == os.getpid():
+        return None
+    start = start_time(pid)
+    return pid if start is not None and start == int(start_text) else None
+
+
+def prioritise(pid: int, priority: int = HELPER_RT_PRIORITY) -> str:
+    """Schedule a process (or, with pid 0, the calling thread) real-time, else at nice -10; says which."""
+    try:
+        os.sched_setscheduler(pid, os.SCHED_FIFO, os.sched_param(priority))
+        return f"SCHED_FIFO {priority}"
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, pid, HELPER_NICE)
+        return f"nice {HELPER_NICE}"
+
+
+@contextlib.contextmanager
+def realtime(priority: int = RTNL_READER_RT_PRIORITY):
+    """The calling thread runs real-time for the block, and as before afterwards."""
+    policy, param, nice = os.sched_getscheduler(0), os.sched_getparam(0), os.getpriority(os.PRIO_PROCESS, 0)
+    prioritise(0, priority)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.sched_setscheduler(0, policy, param)
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
