@@ -41,7 +41,9 @@ def test_lossless_incast_loses_nothing_and_pauses_agree_at_both_ends(built_lab, 
     require_root()
     plan = built_lab(LEAF_SPINE, sets=FABRIC_ONLY)
     controller = state.lab_dir(plan.lab).read_state()["controller_pid"]
-    assert os.getpriority(os.PRIO_PROCESS, controller) == labmod.HELPER_NICE   # runs before the agents
+    # runs before the agents: real-time, so CPU-bound processes beside it cannot delay a pause
+    assert os.sched_getscheduler(controller) == os.SCHED_FIFO
+    assert os.sched_getparam(controller).sched_priority == labmod.HELPER_RT_PRIORITY
     spine1 = plan.node("spine1")
     pcap = tmp_path / "spine1-leaf1.pcap"
     cap = subprocess.Popen(["ip", "netns", "exec", spine1.namespace, "tcpdump", "-i", "leaf1", "-U", "-w", str(pcap),

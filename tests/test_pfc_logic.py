@@ -55,10 +55,12 @@ def test_received_pauses_start_extend_expire_and_resume():
 
 def test_headroom_grows_with_feeders_rate_and_distance():
     from labctl.plan.compile import headroom
+    from labctl.plan.compile import PFC_RESPONSE_S
     one = headroom(100_000_000, 1, 0, 9014)
-    assert one == 2 * 12_500_000 * 0.02 + 2 * 9014
-    assert headroom(100_000_000, 3, 0, 9014) > 2.9 * one - 2 * 9014 * 2
-    assert headroom(100_000_000, 1, 10_000_000, 9014) > one  # 10 ms of (dilated) propagation
+    assert one == 12_500_000 * PFC_RESPONSE_S + 2 * 9014            # the reaction at line rate, two frames
+    assert headroom(100_000_000, 3, 0, 9014) == 3 * 12_500_000 * PFC_RESPONSE_S + 2 * 9014
+    # 10 ms of (dilated) propagation: the round trip of the link comes on top
+    assert headroom(100_000_000, 1, 10_000_000, 9014) == 12_500_000 * (0.02 + PFC_RESPONSE_S) + 2 * 9014
 
 
 def test_a_shared_buffer_lowers_xoff_as_it_fills():

@@ -72,11 +72,15 @@ def tc_show(target, lab_name, as_json):
     lab_path = labmod.default_lab(lab_name or plan.lab).path
     rows = node_queues(plan, node, iface, control.load(lab_path)["ports"])
     add_pfc(rows, lab_path)
+    from labctl.dataplane import reaction
+    react = reaction.summary(reaction.read(lab_path), plan.pfc_response_s)
     if as_json:
-        click.echo(json.dumps({"ecn": vars(plan.ecn), "queues": rows}, indent=1))
+        click.echo(json.dumps({"ecn": vars(plan.ecn), "controller_reaction": react, "queues": rows}, indent=1))
         return
     out.print(_queue_table(rows, f"{node.name} in lab {plan.lab}: ECN Kmin {plan.ecn.kmin} B, "
                                  f"Kmax {plan.ecn.kmax} B, Pmax {plan.ecn.pmax}"))
+    if any(r["lossless"] for r in rows):
+        out.print(reaction.describe(react) + ", since the lab came up", highlight=False)
 
 
 ON_OFF = click.Choice(["on", "off"])

@@ -6,15 +6,15 @@ with a netlink socket and an nftables context inside each forwarding node's name
 dilation D a 1 kHz loop stands for a 1/D ms one on the real fabric.
 
 Settings changed at runtime (`labctl tc set`) arrive through control.json (see control.py).
-Counters (PFC frames, paused time, applied generation) go to pfc.json whenever they change, at
-most every 10 ms, so a 100 Hz sampler sees every step.
+Counters (PFC frames, paused time, applied generation, the reaction-time histogram) go to
+pfc.json whenever they change, at most every 10 ms, so a 100 Hz sampler sees every step. The loop
+itself touches no file: publisher.py does, on a thread of its own.
 
     python -m labctl.dataplane.controller LAB_DIR
 """
 from __future__ import annotations
 
-import json
-import os
+import gc
 import select
 import sys
 import time
@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from labctl.backends import nsutil, rtnl
-from labctl.dataplane import control, ecn, feeders, pfc, pfcport, qdepth, qos
+from labctl.dataplane import control, ecn, feeders, pfc, pfcport, qdepth, qos, reaction
+from labctl.dataplane.publisher import Publisher
 from labctl.dataplane.nft import Nft
 from labctl.plan.model import LabPlan, Node
 
@@ -49,8 +50,8 @@ class Controller:
     def __init__(self, plan: LabPlan, lab_dir: Path | None = None):
         self.plan = plan
         self.lab_dir = lab_dir
-        self.counters_file = lab_dir / "pfc.json" if lab_dir else None
-        self.control_mtime = 0.0
+        self.files = Publisher(lab_dir / "pfc.json" if lab_dir else None,
+                               lab_dir / control.FILE if lab_dir else None)
         self.generation = 0
         self.last_written: tuple = ()
         self.classes = {}   # (node, ifindex, tc) -> (node, iface, cls), for applying control.json
@@ -59,6 +60,10 @@ class Controller:
         self.pfc_by_fd: dict[int, pfcport.Port] = {}
         self.pfc_fds: list[int] = []
         self.pfc_ports: list[pfcport.Port] = []
+        # how long a busy queue goes between two reads (reaction.py): what PFC headroom must cover
+        self.reactions = reaction.Histogram()
+        self.work = reaction.Histogram()     # of that, the loop's own work (the rest is waiting for a CPU)
+        self.errors: list[str] = []     # control files refused, newest last (shown by `labctl status`)
         macs = {(n.name, i.name): i.mac for n in plan.nodes for i in n.interfaces}
         for node in plan.nodes:
             lossless = [(i, c) for i in node.interfaces for c in i.shaping.classes if c.lossless]
@@ -96,17 +101,20 @@ class Controller:
         return control.settings_for(self.plan, n, i, c, overrides)
 
     def check_control(self) -> None:
-        """Apply control.json when it changed (one stat per loop)."""
-        if self.lab_dir is None:
+        """Apply control.json once the publisher saw it change."""
+        if not self.files.control_changed.is_set():
             return
+        self.files.control_changed.clear()
         try:
-            mtime = os.stat(self.lab_dir / control.FILE).st_mtime
-        except OSError:
+            doc = control.load(self.lab_dir, strict=True)
+            for (n, i, tc) in self.classes:
+                self._settings(doc["ports"], n, i, tc).validate(f"{n} port {i} tc {tc}")
+        except (ValueError, TypeError) as exc:
+            # a hand-edited or broken file changes nothing; the lab keeps running on what it had
+            self.errors = (self.errors + [f"{control.FILE} ignored: {exc}"])[-5:]
+            print(self.errors[-1], file=sys.stderr, flush=True)
+            self.write_counters(time.monotonic(), force=True)
             return
-        if mtime == self.control_mtime:
-            return
-        self.control_mtime = mtime
-        doc = control.load(self.lab_dir)
         now = time.monotonic()
         for sw in self.nodes:
             for key, (tc, _) in list(sw.ecn_ports.items()):
@@ -188,28 +196,36 @@ class Controller:
 
     def write_counters(self, now: float, force: bool = False) -> None:
         """pfc.json, when a counter or the applied generation changed (or `force`)."""
-        if self.counters_file is None:
+        if self.lab_dir is None:
             return
         ports = [p.counters(now) for p in self.pfc_ports]
-        summary = (self.generation, tuple((p["pfc_tx"], p["pfc_rx"], p["paused"]) for p in ports))
+        summary = (self.generation, self.reactions.worst(),
+                   tuple((p["pfc_tx"], p["pfc_rx"], p["paused"]) for p in ports))
         if summary == self.last_written and not any(p["paused"] for p in ports) and not force:
             return
         self.last_written = summary
-        tmp = self.counters_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"time": now, "generation": self.generation, "ports": ports}))
-        tmp.replace(self.counters_file)
+        self.files.publish({"time": now, "generation": self.generation, "ports": ports,
+                            "reaction_hist": self.reactions.to_list(), "work_hist": self.work.to_list(),
+                            "errors": list(self.errors)})
 
     def run(self, stop_when_gone: bool = True) -> None:
         last_counters = last_forced = 0.0
+        busy, last_start = False, None
         while True:
             start = time.monotonic()
             self.check_control()
             try:
-                busy = self.step()
+                busy_before, busy = busy, self.step()
             except (OSError, rtnl.NetlinkError):
                 if stop_when_gone and not any(nsutil.exists(n.namespace) for n in self.plan.nodes):
                     return  # the lab is gone
                 raise
+            if busy_before and last_start is not None:
+                # from the previous read of every queue to the end of this loop's pauses
+                end = time.monotonic()
+                self.reactions.add(end - last_start)
+                self.work.add(end - start)
+            last_start = start
             if start - last_counters >= COUNTERS_EVERY:
                 force = start - last_forced >= COUNTERS_AT_LEAST
                 self.write_counters(start, force)
@@ -230,6 +246,9 @@ def main() -> None:
     lab_dir = Path(sys.argv[1])
     plan = LabPlan.from_lab_dir(lab_dir)
     ctl = Controller(plan, lab_dir)
+    # a full collection would walk everything the setup allocated, in the middle of an incast
+    gc.collect()
+    gc.freeze()
     print("ready", flush=True)
     ctl.run()
 

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 logging.getLogger("scapy.runtime").setLevel(logging.ERROR)
-from scapy.all import Ether, raw  # noqa: E402
+from scapy.compat import raw  # noqa: E402  (scapy.all costs a second per process)
+from scapy.layers.l2 import Ether  # noqa: E402
 from scapy.contrib.mac_control import MACControlClassBasedFlowControl  # noqa: E402
 
 PFC_DST = "01:80:c2:00:00:01"

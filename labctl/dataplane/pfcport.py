@@ -27,6 +27,7 @@ class Port:
         self.settings = settings    # control.PortSettings: PFC on/off, XOFF/XON as changed at runtime
         self.state = pfc.PortPfc(cls.tc)
         self.over_xoff = False
+        self.kicks = 0              # the neighbour counts each as an rx drop: no protocol takes it (ledger.py)
         with nsutil.entered(node.namespace):
             self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(pfc.ETH_P_MAC_CONTROL))
             self.kick_sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
@@ -79,6 +80,7 @@ class Port:
         self.state.ended(now)
         try:
             self.kick_sock.send(self.kick)  # an enqueue runs the qdisc, which dequeues the resumed class
+            self.kicks += 1
         except OSError:
             pass
 
@@ -95,7 +97,7 @@ class Port:
         b.commit()
 
     def counters(self, now: float) -> dict:
-        return {"node": self.node.name, "port": self.iface.name, **self.state.counters(now)}
+        return {"node": self.node.name, "port": self.iface.name, **self.state.counters(now), "kicks": self.kicks}
 
     def close(self) -> None:
         self.sock.close()

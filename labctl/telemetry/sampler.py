@@ -17,6 +17,7 @@ import threading
 import time
 from pathlib import Path
 
+from labctl import procs
 from labctl.backends import nsutil, rtnl
 from labctl.dataplane import ecn, nftcounters, qdepth, qos
 from labctl.plan.model import LabPlan
@@ -76,6 +77,7 @@ class QueueSampler:
         return self
 
     def _run(self) -> None:
+        procs.prioritise(0, procs.RTNL_READER_RT_PRIORITY)   # its dumps hold rtnl: never preempted with it
         last: dict = {}
         t0 = time.monotonic()
         with open(self.path, "w", newline="") as f:

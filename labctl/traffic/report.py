@@ -54,8 +54,15 @@ def table(doc: dict) -> str:
     total_gaps = sum(q["gaps"] for _, q in lost)
     ce = sum(q["ce"] for c in doc.get("counters", {}).values() for q in c.get("rx", []))
     if doc.get("ranks"):
+        reordered = sum(q["reordered"] for c in doc.get("counters", {}).values() for q in c.get("rx", []))
         lines.append(f"# receivers: {total_gaps} packets lost (PSN gaps), "
-                     f"{sum(q['late'] for _, q in lost)} duplicates, {ce} ECN-CE marks")
+                     f"{sum(q['late'] for _, q in lost)} duplicates, {reordered} reordered, {ce} ECN-CE marks")
+    if "loss_ledger" in doc:
+        from labctl.telemetry.ledger import summary
+        lines.append("# " + summary(doc["loss_ledger"]))
+    if doc.get("controller_reaction", {}).get("reads"):
+        from labctl.dataplane.reaction import describe
+        lines.append("# " + describe(doc["controller_reaction"]))
     lines += flow_lines(doc.get("flows", []))
     return "\n".join(lines)
 

@@ -16,7 +16,7 @@ from functools import lru_cache
 import logging
 
 logging.getLogger("scapy.runtime").setLevel(logging.ERROR)  # before scapy loads: no banner or warnings
-from scapy.all import raw  # noqa: E402
+from scapy.compat import raw  # noqa: E402  (scapy.all costs a second per agent)
 from scapy.contrib.roce import AETH, BTH, CNPPadding  # noqa: E402
 
 ROCE_PORT = 4791

@@ -8,9 +8,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from labctl import procs
+from labctl.dataplane import reaction
 from labctl.errors import InputError, LabError, Where
 from labctl.plan.model import LabPlan
 from labctl.state import LabDir
+from labctl.telemetry import ledger
 from labctl.telemetry.sampler import QueueSampler
 from labctl.traffic import flows, fsdp, schedule as sch
 from labctl.traffic.dcqcn import Params
@@ -162,10 +165,13 @@ def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Pa
                          reliable=w.options.reliable, dcqcn=w.options.dcqcn,
                          dcqcn_params=dcqcn_params(w.options))
     alpha = w.options.alpha * 1e-9 * plan.dilation
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir.mkdir(parents=True, exist_ok=True)   # new_run_dir() made it for a command; experiments nest runs
     (out_dir / "workload.yml").write_text(loaded.text)
     (out_dir / "plan.json").write_text(json.dumps(plan.to_dict()))
     results = []
+    with procs.realtime():
+        losses_before = ledger.snapshot(plan, lab.path)
+    reactions_before = reaction.read(lab.path)
     pool = AgentPool(plan, lab, ranks, options) if ops else None
     sampler = QueueSampler(plan, out_dir / "queues.csv", lab_path=lab.path).start()
     tcp = FlowRun(tcp_flows).start() if tcp_flows else None
@@ -191,11 +197,16 @@ def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Pa
     flow_results = tcp.close() if tcp is not None else []
     series = sampler.close()
     counters = pool.close() if pool is not None else {}
+    gaps = sum(q["gaps"] for c in counters.values() for q in c.get("rx", []))
+    with procs.realtime():
+        losses = ledger.ledger(losses_before, ledger.snapshot(plan, lab.path), plan, gaps)
+    reactions = reaction.summary(reaction.read(lab.path).minus(reactions_before), plan.pfc_response_s)
     doc = {"workload": w.name, "lab": plan.lab, "dilation": plan.dilation, "ranks": ranks,
            "nodes": {r: nodes[r].name for r in ranks}, "options": w.options.model_dump(),
            "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "results": results,
            "counters": {str(r): c for r, c in counters.items()}, "queue_series": series,
-           "flows": [f for f in flow_results if f["received"] or f["error"]]}
+           "flows": [f for f in flow_results if f["received"] or f["error"]], "loss_ledger": losses,
+           "controller_reaction": reactions}
     if w.fsdp:
         doc["fsdp"] = _fsdp_summary(w, ranks, results)
     (out_dir / "results.json").write_text(json.dumps(doc, indent=1))
@@ -246,6 +257,15 @@ def default_run_dir(name: str, base: Path | None = None) -> Path:
     return base / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}"
 
 
-def check_lab_has_traffic(plan: LabPlan) -> None:
-    if not any(n.kind == "gpu" for n in plan.nodes):
-        raise LabError(f"lab {plan.lab!r} has no GPUs", "run workloads on a lab with nodes of kind gpu")
+def new_run_dir(path: Path, option: str = "--out") -> Path:
+    """Create a run directory that is new (or empty): results are never mixed with, or written over,
+    what another run or another user left there."""
+    path = Path(path)
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        raise LabError(f"{option} {path} is not a directory", "give a new directory for the run")
+    if path.is_dir() and any(path.iterdir()):
+        raise LabError(f"{option} {path} is not empty: a run directory is made new, so that its files are "
+                       "this run's alone", "choose a new directory, or leave --out out for runs/<time>-<name>")
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+

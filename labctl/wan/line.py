@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from labctl.backends import nsutil, wires
+from labctl.dataplane.publisher import Publisher
 from labctl.plan.model import LabPlan, Link
 from labctl.wan import esp
 
@@ -143,6 +144,8 @@ class Line:
         keys_file = lab_dir / "esp-keys.json" if lab_dir else None
         keys = json.loads(keys_file.read_text()) if keys_file and keys_file.exists() else {}
         self.lab_dir = lab_dir
+        # wan.json is written off the line's loop: a blocked file write would hold every frame in flight
+        self.files = Publisher(lab_dir / "wan.json", None) if lab_dir else None
         self.dirs: list[Direction] = []
         for link in wires.wired(plan):
             self.dirs += directions(plan, link, keys, seed=2 * link.id + 1)
@@ -170,10 +173,8 @@ class Line:
                     handler(now)
             for d in self.dirs:
                 d.release(now)
-            if self.lab_dir and now - last >= COUNTERS_EVERY:
-                tmp = self.lab_dir / "wan.tmp"
-                tmp.write_text(json.dumps(self.counters()))
-                tmp.replace(self.lab_dir / "wan.json")
+            if self.files and now - last >= COUNTERS_EVERY:
+                self.files.publish(self.counters())
                 last = now
 
 

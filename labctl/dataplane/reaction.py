@@ -1,0 +1,83 @@
+"""How fast the controller reacts: the PFC headroom is sized for it, so it is measured, not assumed.
+
+A lossless queue that crosses XOFF just after the controller read it is seen at the next read, and
+the feeders are paused within that same loop (the frame goes out and the neighbour's class is held
+by the same process). So the worst case from "past XOFF" to "feeders stopped" is the longest
+interval between two reads of a busy queue. The controller keeps those intervals as a histogram
+in pfc.json; a run takes the difference of two snapshots to get its own worst case and p99.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+STEP_S = 0.0005            # bucket width, lab seconds
+BUCKETS = 400              # 0..200 ms, and one more for anything longer
+
+
+@dataclass
+class Histogram:
+    counts: list[int] = field(default_factory=lambda: [0] * (BUCKETS + 1))
+
+    def add(self, seconds: float) -> None:
+        self.counts[min(BUCKETS, int(seconds / STEP_S))] += 1
+
+    @property
+    def samples(self) -> int:
+        return sum(self.counts)
+
+    def worst(self) -> float:
+        """The upper edge of the highest bucket that holds a sample (inf past the last one)."""
+        for i in range(BUCKETS, -1, -1):
+            if self.counts[i]:
+                return float("inf") if i == BUCKETS else (i + 1) * STEP_S
+        return 0.0
+
+    def quantile(self, q: float) -> float:
+        total = self.samples
+        if not total:
+            return 0.0
+        seen = 0
+        for i, c in enumerate(self.counts):
+            seen += c
+            if seen >= q * total:
+                return float("inf") if i == BUCKETS else (i + 1) * STEP_S
+        return self.worst()
+
+    def minus(self, before: "Histogram") -> "Histogram":
+        return Histogram([a - b for a, b in zip(self.counts, before.counts)])
+
+    def to_list(self) -> list[int]:
+        return list(self.counts)
+
+    @classmethod
+    def from_list(cls, counts) -> "Histogram":
+        if not isinstance(counts, list) or len(counts) != BUCKETS + 1:
+            return cls()
+        return cls([int(c) for c in counts])
+
+
+def summary(h: Histogram, sized_for_s: float) -> dict:
+    """What a report says about one stretch of time: worst, p99, how many reads, and whether the
+    headroom (sized for `sized_for_s`) covered the worst case."""
+    worst = h.worst()
+    return {"reads": h.samples, "worst_s": worst, "p99_s": h.quantile(0.99), "sized_for_s": sized_for_s,
+            "within_headroom": worst <= sized_for_s}
+
+
+def read(lab_path) -> Histogram:
+    """The controller's histogram as it last wrote it (empty if there is no controller)."""
+    import json
+    from pathlib import Path
+    try:
+        return Histogram.from_list(json.loads((Path(lab_path) / "pfc.json").read_text()).get("reaction_hist"))
+    except (OSError, ValueError, AttributeError):
+        return Histogram()
+
+
+def describe(s: dict) -> str:
+    """One line: 'controller reaction: worst 6.5 ms, p99 2.0 ms over 3,120 reads (headroom sized for 20 ms)'."""
+    def ms(x):
+        return "over 200 ms" if x == float("inf") else f"{x * 1e3:.1f} ms"
+    text = (f"controller reaction: worst {ms(s['worst_s'])}, p99 {ms(s['p99_s'])} over {s['reads']:,} reads of busy "
+            f"queues (PFC headroom sized for {s['sized_for_s'] * 1e3:g} ms)")
+    return text if s["within_headroom"] else text + "; WORSE THAN THE HEADROOM COVERS"

@@ -1,0 +1,126 @@
+"""The loss ledger: every place a lab can lose a packet, counted, so that no loss goes unexplained.
+
+Places, each read before and after a run (the ledger is the difference):
+  * qdisc drops, per node, port and traffic class (a queue over its buffer);
+  * device drops and errors, rx and tx, per port (a veth whose peer could not take the packet),
+    less the controller's kick frames, which no protocol takes and the kernel counts as rx drops;
+  * per-CPU backlog drops (/proc/net/softnet_stat: the kernel's input queue was full; machine-wide);
+  * UDP receive-buffer and input errors per namespace (/proc/net/snmp: an agent too slow to read);
+  * frames the WAN line lost on purpose or dropped for want of room (wan.json).
+
+Switch ports carry single packets (the hosts' NICs segment before the wire: veths have no UDP
+segmentation offload with checksums off), so a qdisc drop is one packet, and one PSN when it is a
+RoCE data packet. A run's PSN gaps minus the drops that can explain them is reported as
+`unexplained_gaps`, never hidden.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from labctl.backends import nsutil, rtnl
+from labctl.dataplane import qdepth, qos
+from labctl.plan.model import LabPlan
+
+DEVICE_FIELDS = ("rx_dropped", "tx_dropped", "rx_errors", "tx_errors")
+UDP_FIELDS = ("RcvbufErrors", "InErrors")
+WAN_FIELDS = ("lost", "overflow", "bad_icv")
+
+
+def snapshot(plan: LabPlan, lab_path: Path | None = None) -> dict[tuple, int]:
+    """Every counter of the ledger now: {(place, node, port, what): count}."""
+    out: dict[tuple, int] = {}
+    kicks = _kicks_received(plan, lab_path) if lab_path is not None else {}
+    for node in plan.nodes:
+        if not nsutil.exists(node.namespace):
+            continue
+        with nsutil.netlink_socket(node.namespace) as sock:
+            leaves = {(q.ifindex, q.handle >> 16): q.drops for q in qdepth.dump(sock)}
+            links = rtnl.link_dump(sock)
+        for i in node.interfaces:
+            for c in i.shaping.classes:
+                out[("qdisc", node.name, i.name, c.name)] = leaves.get((i.index, qos.leaf_handle(c.tc) >> 16), 0)
+            for field in DEVICE_FIELDS:
+                out[("device", node.name, i.name, field)] = links.get(i.name, {}).get(field, 0)
+            out[("device", node.name, i.name, "rx_dropped")] -= kicks.get((node.name, i.name), 0)
+        with nsutil.entered(node.namespace):
+            udp = _udp_counters()
+        for field in UDP_FIELDS:
+            out[("udp", node.name, "", field)] = udp.get(field, 0)
+    out[("softnet", "", "", "backlog drops")] = _softnet_drops()
+    if lab_path is not None:
+        for d in _wan_directions(Path(lab_path)):
+            for field in WAN_FIELDS:
+                out[("wan", d.get("name", "?"), "", field)] = int(d.get(field, 0))
+    return out
+
+
+def ledger(before: dict[tuple, int], after: dict[tuple, int], plan: LabPlan, psn_gaps: int) -> dict:
+    """What was lost between two snapshots, where, and whether it explains the receivers' PSN gaps."""
+    places = []
+    for key, value in after.items():
+        n = value - before.get(key, 0)
+        if n > 0:
+            place, node, port, what = key
+            places.append({"place": place, "node": node, "port": port, "what": what, "count": n})
+    lossless = {(n.name, i.name, c.name) for n in plan.nodes for i in n.interfaces for c in i.shaping.classes
+                if c.lossless}
+    lossless_drops = sum(p["count"] for p in places
+                         if p["place"] == "qdisc" and (p["node"], p["port"], p["what"]) in lossless)
+    total = sum(p["count"] for p in places)
+    return {"places": places, "total": total, "lossless_drops": lossless_drops, "psn_gaps": psn_gaps,
+            "unexplained_gaps": max(0, psn_gaps - total)}
+
+
+def summary(led: dict) -> str:
+    """One line for the run's report."""
+    if not led["places"] and not led["psn_gaps"]:
+        return "loss ledger: nothing lost anywhere (queues, devices, CPU backlogs, sockets, WAN line)"
+    where = ", ".join(f"{p['count']} {p['place']} {p['what']} at {p['node']}{':' + p['port'] if p['port'] else ''}"
+                      for p in sorted(led["places"], key=lambda p: -p["count"])[:4])
+    more = f" (+{len(led['places']) - 4} places)" if len(led["places"]) > 4 else ""
+    text = f"loss ledger: {led['total']} lost: {where}{more}; {led['lossless_drops']} in lossless classes"
+    if led["unexplained_gaps"]:
+        text += f"; {led['unexplained_gaps']} PSN gaps NOT explained by any counter"
+    return text
+
+
+def _kicks_received(plan: LabPlan, lab_path: Path) -> dict[tuple[str, str], int]:
+    """(node, port) -> kick frames its neighbour's controller sent it (pfc.json)."""
+    try:
+        ports = json.loads((Path(lab_path) / "pfc.json").read_text())["ports"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    out: dict[tuple[str, str], int] = {}
+    for p in ports:
+        iface = plan.node(p["node"]).iface(p["port"])
+        key = (iface.peer_node, iface.peer_iface)
+        out[key] = out.get(key, 0) + int(p.get("kicks", 0))
+    return out
+
+
+def _udp_counters() -> dict[str, int]:
+    """The calling thread's namespace's UDP counters (/proc/thread-self/net follows setns)."""
+    try:
+        lines = [ln.split() for ln in Path("/proc/thread-self/net/snmp").read_text().splitlines()
+                 if ln.startswith("Udp:")]
+    except OSError:
+        return {}
+    if len(lines) < 2:
+        return {}
+    return {k: int(v) for k, v in zip(lines[0][1:], lines[1][1:])}
+
+
+def _softnet_drops() -> int:
+    """Packets dropped because a CPU's input backlog was full (second column, hex, per CPU)."""
+    try:
+        return sum(int(line.split()[1], 16) for line in Path("/proc/net/softnet_stat").read_text().splitlines())
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _wan_directions(lab_path: Path) -> list[dict]:
+    try:
+        return json.loads((lab_path / "wan.json").read_text()).get("directions", [])
+    except (OSError, ValueError, AttributeError):
+        return []
