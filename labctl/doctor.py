@@ -11,12 +11,13 @@ import shutil
 import socket
 import subprocess
 
-from labctl.backends import nsutil, rtnl
+from labctl.backends import nsutil, rps, rtnl
 
 QDISCS = ("htb", "tbf", "bfifo", "clsact", "red", "netem", "prio", "mqprio", "fq_codel")
-TOOLS = (("tcpdump", "captures"), ("tshark", "decoding RoCE in captures"), ("ethtool", "NIC offloads by hand"),
-         ("nft", "nftables (ECN marking)"), ("ip", "iproute2"), ("mn", "Mininet (optional backend/benchmark)"),
-         ("containerlab", "containerlab (export peer)"), ("dot", "Graphviz, for labctl graph | dot"))
+TOOLS = (("tcpdump", "captures"), ("tshark", "decoding RoCE in captures"), ("dumpcap", "labctl capture"),
+         ("ethtool", "NIC offloads by hand"), ("nft", "nftables (ECN marking)"), ("ip", "iproute2"),
+         ("mn", "Mininet: bench/bringup.py builds the same labs with it, side by side"),
+         ("dot", "Graphviz, for labctl graph | dot"))
 
 
 def _probe_namespace() -> str:
@@ -57,9 +58,23 @@ def probe_kernel() -> dict[str, bool]:
         found["esp"] = _probe_esp(name)
         found["nftables"] = _probe_nft(name)
         found.update(_probe_multipath_hash(name))
+        with nsutil.entered(name):
+            found["rps_default_mask"] = rps.set_default(rps.cpu_mask())
     finally:
         nsutil.remove(name)
+    found["sched_fifo"] = _probe_sched_fifo()
     return found
+
+
+def _probe_sched_fifo() -> bool:
+    """Whether labctl's helpers can run real-time here (a container may refuse it)."""
+    try:
+        policy, param = os.sched_getscheduler(0), os.sched_getparam(0)
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+        os.sched_setscheduler(0, policy, param)
+        return True
+    except OSError:
+        return False
 
 
 def _probe_multipath_hash(name: str) -> dict[str, bool]:
@@ -105,7 +120,7 @@ def _probe_nft(name: str) -> bool:
 
 
 def features(k: dict[str, bool]) -> list[dict]:
-    """The mechanism each feature uses here; 'planned' marks what later work will add."""
+    """The mechanism each feature uses on this machine, from what the kernel probes found."""
     def pick(native: str, portable: str, have_native: bool) -> str:
         return native if have_native else portable
 
@@ -139,6 +154,20 @@ def features(k: dict[str, bool]) -> list[dict]:
         {"feature": "PFC pause", "mechanism": "controller sends 802.1Qbb frames past XOFF; a paused port's "
                                               "lossless class is a TBF set to 8 bit/s, resumed with one kicked "
                                               "frame", "status": "in use" if k.get("tbf") else "MISSING tbf"},
+        {"feature": "NVLink (scale-up) flow control", "mechanism": "credit-based backpressure modelled as "
+                                                                   "hop-by-hop pause of the RoCE class on every "
+                                                                   "NVLink port", "status": "in use"},
+        {"feature": "controller and WAN line scheduling",
+         "mechanism": "SCHED_FIFO 10; rtnl readers (queue sampler, loss ledger) SCHED_FIFO 5 inside netlink calls"
+         if k.get("sched_fifo", True) else "nice -10 (real-time refused here: a burst of CPU load can delay a "
+                                           "pause; check each run's controller reaction)",
+         "status": "in use"},
+        {"feature": "flow order across hops", "mechanism": "receive packet steering by flow hash on every port: "
+         + ("the namespace's net.core.rps_default_mask" if k.get("rps_default_mask", True)
+            else "each port's rps_cpus in sysfs (no per-namespace default mask before kernel 6.5)"),
+         "status": "in use"},
+        {"feature": "loss ledger", "mechanism": "qdisc, device, per-CPU backlog (softnet_stat), UDP socket and "
+                                                "WAN line counters before and after every run", "status": "in use"},
         {"feature": "WAN delay, loss, jitter",
          "mechanism": ("the line process (labctl.wan.line): AF_PACKET between wire namespaces, frames held for "
                        "the delay in order" + ("; netem is present but not used, so every kernel runs the tested "

@@ -41,7 +41,9 @@ def up(file: str, sets=(), name: str | None = None, template_dirs=(), backend: s
         backends()[backend]().destroy(lab)
         raise
     elapsed = time.perf_counter() - t0
-    lab.write_state(status="up", pid=None, backend=backend, build_seconds=round(elapsed, 3))
+    from labctl.telemetry.ledger import softnet_drops
+    lab.write_state(status="up", pid=None, backend=backend, build_seconds=round(elapsed, 3),
+                    softnet_drops_at_up=softnet_drops())
     return plan, lab, elapsed
 
 

@@ -57,7 +57,9 @@ def test_every_bundled_experiment_passes_and_leaves_nothing_behind(all_experimen
         report = (out / "report.md").read_text()
         # the report opens with the answer, with numbers, before anything else
         assert report.split("\n## ")[1].startswith("Answer\n\n**") and " of " in report.split("\n## ")[1]
-        for png in (out / "runs").glob("*/*.png"):
+        pngs = list((out / "runs").glob("*/*.png"))
+        assert len(pngs) >= 4 * len(list((out / "runs").iterdir())), (exp.stem, pngs)   # each run plotted
+        for png in pngs:
             assert png.stat().st_size > 10_000 and f"]({png.relative_to(out)})" in report
 
 
@@ -69,6 +71,7 @@ def test_plots_draw_the_runs_own_counters(all_experiments, tmp_path):
     depth = plots.queue_depth(run_dir, plan, tmp_path / "q.png")
     with open(run_dir / "queues.csv") as f:
         rows = list(csv.DictReader(f))
+    assert depth and rows                           # the incast's queues were drawn from real samples
     for label, (t, y) in depth.items():
         node, rest = label.split("→")
         port, cls = rest.split(" ")
@@ -85,6 +88,7 @@ def test_plots_draw_the_runs_own_counters(all_experiments, tmp_path):
     assert sum(marks["PFC frames sent"][1]) == pytest.approx(pauses) and pauses > 0
     doc = json.loads((run_dir / "results.json").read_text())
     gantt = plots.timeline(run_dir, tmp_path / "t.png")
+    assert len(gantt) == len(doc["results"][0]["per_rank"]) == 8
     for rank, pr in doc["results"][0]["per_rank"].items():
         assert gantt[f"rank {rank}"][0] == [s[1] for s in pr["sends"]]
 

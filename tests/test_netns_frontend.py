@@ -23,7 +23,8 @@ def allreduce_seconds(plan, tmp_path: Path, tag: str, checkpoint: bool) -> tuple
         text += "flows:\n  - {kind: checkpoint, from: gpus, to: storage, size: 20MB, background: true}\n"
     wf.write_text(text)
     doc = run_workload(plan, state.lab_dir(plan.lab), load_workload(wf), tmp_path / tag)
-    assert all(r["wrong"] == 0 for r in doc["results"]) or tag.startswith("backend"), doc["results"]
+    # the RoCE class stays lossless even with storage TCP on the backend (TCP rides the lossy class)
+    assert all(r["wrong"] == 0 and not r["timed_out"] for r in doc["results"]), (tag, doc["results"])
     moved = sum(f["received"] for f in doc["flows"])
     return sum(r["time_s"] for r in doc["results"]), {"tcp_bytes": moved}
 

@@ -26,7 +26,7 @@ def labctl(*args, env=None, **kw):
 
 def test_sigkill_half_way_then_clean_removes_it_all_and_nothing_else(state_dir, lab_name):
     require_root()
-    bystander = f"{lab_name}x-bystander"
+    bystander = f"{lab_name}-bystander"      # has the lab's prefix: a clean that guessed by prefix would take it
     subprocess.run(["ip", "netns", "add", bystander], check=True)
     env = {**os.environ, "LABCTL_STATE_DIR": str(state_dir)}
     try:

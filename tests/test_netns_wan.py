@@ -99,7 +99,9 @@ def test_encrypted_wan_carries_only_esp_that_tshark_decrypts_to_roce(built_lab, 
         labmod.down(lab_name)
     overhead = times[True] / times[False] - 1
     print(f"ESP overhead: {overhead:+.1%} ({times[False]:.2f} s -> {times[True]:.2f} s for 8 MB)")
-    assert overhead < 0.5, times   # ~62 B per 9 KB frame plus user-space AES-GCM
+    # ESP adds ~62 B to a 9 KB frame (0.7%) and the line encrypts faster than the link: the README
+    # measured +0.1%; 10% either way leaves room for a shared 2-core machine's noise
+    assert abs(overhead) < 0.1, times
 
 
 def test_hsdp_sends_only_the_replica_all_reduce_across_the_wan(built_lab, tmp_path):

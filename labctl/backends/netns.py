@@ -1,6 +1,6 @@
 """The default backend: Linux network namespaces joined by veth pairs, configured over rtnetlink.
 
-Build order, chosen by measurement (DESIGN §8):
+Build order, chosen by measurement (docs/design.md §8):
   1. every namespace, created in-process, with its sysctls set before any interface exists in it
      (receive packet steering among them, so that no flow is reordered between hops: rps.py);
   2. every veth pair in one netlink burst from the root namespace, each end created directly in its

@@ -151,7 +151,7 @@ def htb_class(index: int, handle: int, parent: int, rate_bps: int, burst_bytes: 
 
 
 def bfifo(index: int, handle: int, parent: int, limit_bytes: int) -> tuple[int, int, bytes]:
-    """Byte-limited FIFO: packet limits lie when GSO super-packets queue (DESIGN §8)."""
+    """Byte-limited FIFO: packet limits lie when GSO super-packets queue (docs/design.md §8)."""
     body = _tcmsg(index, handle, parent) + attr(TCA_KIND, cstr("bfifo")) + attr(TCA_OPTIONS, u32(limit_bytes))
     return RTM_NEWQDISC, CREATE, body
 

@@ -173,20 +173,44 @@ def link(state, target, lab_name):
 @click.option("--json", "as_json", is_flag=True, help="one JSON document with every port and class")
 @click.option("--watch", is_flag=True, help="refresh every second until Ctrl-C")
 @click.option("--busy", is_flag=True, help="only queues that sent or dropped something")
-def counters(lab, as_json, watch, busy):
+@click.option("--losses", is_flag=True, help="the loss ledger: every place a packet was lost since `up`")
+def counters(lab, as_json, watch, busy, losses):
     """Per port and class: queue depth, packets and bytes sent, drops, ECN marking probability, PFC
-    frames sent/received and time paused.
+    frames sent/received and time paused; and the loss ledger (--losses).
+
+    The ledger counts every place the lab can lose a packet: qdisc drops per port and class, device
+    drops and errors, per-CPU backlog drops, UDP receive-buffer errors per namespace and the WAN
+    line's losses. `labctl run` puts the same ledger, for the run alone, in results.json.
 
     \b
     Example:
       sudo labctl counters ls --busy
       sudo labctl counters ls --watch
+      sudo labctl counters ls --losses --json
     """
     from labctl import lab as labmod
     from labctl.dataplane.queues import lab_queues
     labmod.require_root("labctl counters")
     lab_dir = labmod.default_lab(lab)
     plan = labmod.load_plan(lab_dir)
+    if losses:
+        from labctl import procs
+        from labctl.telemetry import ledger
+        with procs.realtime():
+            led = ledger.since_up(plan, lab_dir)
+        if as_json:
+            click.echo(json.dumps(led, indent=1))
+            return
+        t = Table(title=f"lab {plan.lab}: packets lost since it came up")
+        for col in ("place", "node", "port", "what", "count", "lossless class"):
+            t.add_column(col)
+        lossless = {(n.name, i.name, c.name) for n in plan.nodes for i in n.interfaces for c in i.shaping.classes
+                    if c.lossless}
+        for p in sorted(led["places"], key=lambda p: -p["count"]):
+            t.add_row(p["place"], p["node"], p["port"], p["what"], str(p["count"]),
+                      "yes" if (p["node"], p["port"], p["what"]) in lossless else "")
+        out.print(t if led["places"] else f"lab {plan.lab}: nothing lost anywhere since it came up", highlight=False)
+        return
 
     def rows():
         got = lab_queues(plan, lab_dir.path)

@@ -50,7 +50,7 @@ def run(workload, lab_name, out_dir, as_json):
         if sys.stderr.isatty():
             print(f"\r  {done}/{total} {label:<60}", end="", file=sys.stderr, flush=True)
 
-    doc = run_workload(plan, lab, loaded, target, progress)
+    doc = run_workload(plan, lab, loaded, target, progress, trace=labmod.trace_path)
     if sys.stderr.isatty():
         print(file=sys.stderr)
     if as_json:

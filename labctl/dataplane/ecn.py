@@ -1,4 +1,4 @@
-"""RED-like ECN marking on (near-)instantaneous queue depth (DESIGN §3), as nftables rules.
+"""RED-like ECN marking on (near-)instantaneous queue depth (docs/design.md §3), as nftables rules.
 
 p = 0 below Kmin, rising linearly to Pmax at Kmax, 1 above; only ECT packets are marked CE, and
 nothing is dropped for being non-ECT. The probability is applied as `numgen random mod 65536 < N`

@@ -1,6 +1,6 @@
 """PFC on real ports: AF_PACKET sockets that send and receive 802.1Qbb frames, and the pause itself.
 
-Pausing a class on this kernel (measured, DESIGN §8): the lossless class's leaf is a TBF; a pause
+Pausing a class on this kernel (measured, docs/design.md §3): the lossless class's leaf is a TBF; a pause
 changes it to 8 bit/s with a one-frame burst (one frame may still leave, as in-flight frames do on
 a real link), a resume restores its rate, and one frame sent through the port's qdisc (the kick)
 makes the kernel dequeue again: without it the resumed queue waited ~0.95 s for the TBF's old

@@ -1,6 +1,6 @@
 """Queue depths and counters of every qdisc in a namespace, from one raw RTM_GETQDISC dump.
 
-A qdisc dump returns every device's qdiscs whatever ifindex is asked for (DESIGN §8), so one dump
+A qdisc dump returns every device's qdiscs whatever ifindex is asked for, so one dump
 per namespace per poll gives every class's leaf: backlog (bytes queued), drops, bytes and packets
 sent. Parsed by hand: pyroute2 takes ~50x longer per dump.
 """
@@ -30,12 +30,36 @@ class QueueStats:
     overlimits: int
 
 
-def dump(sock: socket.socket, seq: int = 1) -> list[QueueStats]:
+def dump(sock: socket.socket, seq: int = 1, in_kernel=None) -> list[QueueStats]:
+    """Every qdisc of the socket's namespace. The kernel holds rtnl while it answers; `in_kernel`
+    (a context manager) wraps just those calls, so a caller can run them real-time and the parsing
+    at its own priority (see telemetry/sampler.py)."""
+    if in_kernel is None:
+        return parse_dump(dump_raw(sock, seq))
+    with in_kernel():
+        chunks = dump_raw(sock, seq)
+    return parse_dump(chunks)
+
+
+def dump_raw(sock: socket.socket, seq: int = 1) -> list[bytes]:
+    """The replies of one RTM_GETQDISC dump, unparsed (only scanned for its end)."""
     header = struct.pack("IHHII", 16 + 20, RTM_GETQDISC, rtnl.NLM_F_REQUEST | rtnl.NLM_F_DUMP, seq, 0)
     sock.sendall(header + struct.pack("BxxxiIII", socket.AF_UNSPEC, 0, 0, 0, 0))
-    out: list[QueueStats] = []
+    chunks = []
     while True:
         data = sock.recv(1 << 20)
+        chunks.append(data)
+        off = 0
+        while off + 16 <= len(data):
+            length, kind = struct.unpack_from("IH", data, off)
+            if kind in (rtnl.NLMSG_DONE, rtnl.NLMSG_ERROR):
+                return chunks
+            off += rtnl._align(length)
+
+
+def parse_dump(chunks: list[bytes]) -> list[QueueStats]:
+    out: list[QueueStats] = []
+    for data in chunks:
         off = 0
         while off + 16 <= len(data):
             length, kind, _f, _s, _p = struct.unpack_from("IHHII", data, off)
@@ -53,6 +77,7 @@ def dump(sock: socket.socket, seq: int = 1) -> list[QueueStats]:
             qlen, backlog, drops, _req, over = struct.unpack_from("5I", queue) if len(queue) >= 20 else (0,) * 5
             out.append(QueueStats(ifindex, handle, qkind, backlog, qlen, drops, nbytes, npkts, over))
             off += rtnl._align(length)
+    return out
 
 
 NLM_F_ECHO = 0x8

@@ -13,7 +13,7 @@ from labctl.topology.schema import ROUTER_KINDS, Topology
 ETH_HEADER = 14
 
 
-FIBRE_NS_PER_KM = 4900       # light in fibre: ~4.9 us per km (DESIGN §6)
+FIBRE_NS_PER_KM = 4900       # light in fibre: ~4.9 us per km (docs/design.md §6)
 ESP_ROOM = 64                # outer IPv4 20 + ESP 8 + IV 8 + pad ≤ 3 + 2 + ICV 16, rounded up
 
 

@@ -24,7 +24,7 @@ class ClassPlan:
 class Shaping:
     """Egress queueing of one port: HTB at the lab (dilated) rate, a class per traffic class."""
     rate_bps: int        # lab rate = real rate / dilation
-    burst_bytes: int     # ≈ 1 ms of rate: tc's default burst loses 25% at 1 Gbit/s (DESIGN §8)
+    burst_bytes: int     # ≈ 1 ms of rate: tc's default burst loses 25% at 1 Gbit/s (docs/design.md §8)
     quantum: int
     buffer_bytes: int
     classes: list[ClassPlan] = field(default_factory=list)
@@ -88,7 +88,7 @@ class Wire:
     a:port -- [near ns] a | fibre -- fibre | b [far ns] -- b:port, the line process in between."""
     near: str            # namespace next to the link's a end
     far: str             # namespace next to its b end
-    near_index: int      # ifindex of the near namespace's port toward a (differs from a's, DESIGN §8)
+    near_index: int      # ifindex of the near namespace's port toward a (differs from a's, docs/design.md §8)
     far_index: int
     fibre_mtu: int       # room for ESP's overhead on a full-size frame
 

@@ -72,6 +72,14 @@ def ledger(before: dict[tuple, int], after: dict[tuple, int], plan: LabPlan, psn
             "unexplained_gaps": max(0, psn_gaps - total)}
 
 
+def since_up(plan: LabPlan, lab) -> dict:
+    """The ledger of everything since the lab came up: its namespaces' counters started at zero
+    then; the machine-wide per-CPU backlog drops are counted from the value `up` recorded."""
+    after = snapshot(plan, lab.path)
+    before = {("softnet", "", "", "backlog drops"): int(lab.read_state().get("softnet_drops_at_up", 0))}
+    return ledger(before, after, plan, 0)
+
+
 def summary(led: dict) -> str:
     """One line for the run's report."""
     if not led["places"] and not led["psn_gaps"]:
@@ -109,6 +117,10 @@ def _udp_counters() -> dict[str, int]:
     if len(lines) < 2:
         return {}
     return {k: int(v) for k, v in zip(lines[0][1:], lines[1][1:])}
+
+
+def softnet_drops() -> int:
+    return _softnet_drops()
 
 
 def _softnet_drops() -> int:

@@ -77,7 +77,6 @@ class QueueSampler:
         return self
 
     def _run(self) -> None:
-        procs.prioritise(0, procs.RTNL_READER_RT_PRIORITY)   # its dumps hold rtnl: never preempted with it
         last: dict = {}
         t0 = time.monotonic()
         with open(self.path, "w", newline="") as f:
@@ -89,7 +88,7 @@ class QueueSampler:
                 pfc = self.pfc.get()
                 for node, sock, nft_sock in self.socks:
                     marks = read_marks(nft_sock) if nft_sock else {}
-                    for q in qdepth.dump(sock):
+                    for q in qdepth.dump(sock, in_kernel=procs.in_kernel):  # rtnl held: real-time
                         key = (node, q.ifindex, q.handle >> 16)
                         name = self.names.get(key)
                         if name is None:

@@ -8,7 +8,7 @@ from labctl.topology.templates import did_you_mean
 from labctl.topology.yamlpos import SourceMap
 from labctl.units import format_rate
 
-# What this machine can shape and forward (DESIGN §8): above ~40 Gbit/s HTB and veth stop meaning
+# What this machine can shape and forward (docs/design.md §8): above ~40 Gbit/s HTB and veth stop meaning
 # anything; below 64 kbit/s a 9000-byte frame takes over a second and ping times out.
 LAB_RATE_MAX = 40e9
 LAB_RATE_MIN = 64e3

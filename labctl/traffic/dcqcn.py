@@ -4,7 +4,7 @@ Per QP: on a CNP, RT ← RC, RC ← RC(1 − α/2), α ← (1 − g)α + g, and 
 (at most one cut per `min_cut_interval`). Every α period without a CNP, α ← (1 − g)α. The rate-
 increase timer and the byte counter each count events; while both counts are below F the QP is in
 fast recovery (RC ← (RT + RC)/2); once both pass F, hyper increase (RT += i·R_HAI); otherwise
-additive increase (RT += R_AI), RC ← (RT + RC)/2 after each. Defaults from DESIGN §6 (reference
+additive increase (RT += R_AI), RC ← (RT + RC)/2 after each. Defaults from docs/design.md §6 (reference
 simulators). All times are real-fabric times and all rates real rates: `scaled()` applies a lab's
 time dilation (times × D, rates ÷ D, bytes unchanged).
 """

@@ -1,7 +1,7 @@
 """recvmmsg(2) through ctypes: up to 64 datagrams, their source addresses and IP ToS per syscall.
 
 Python's socket module has no recvmmsg; one recvmsg per 4 KB frame tops out near the rate at
-which the fabric delivers, so receivers batch (measured ~2x recv_into, DESIGN §8).
+which the fabric delivers, so receivers batch (measured ~2x recv_into, docs/design.md §8).
 """
 from __future__ import annotations
 

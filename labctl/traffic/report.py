@@ -60,6 +60,9 @@ def table(doc: dict) -> str:
     if "loss_ledger" in doc:
         from labctl.telemetry.ledger import summary
         lines.append("# " + summary(doc["loss_ledger"]))
+    note = (doc.get("ring_placement") or {}).get("note")
+    if note:
+        lines.append("# " + note)
     if doc.get("controller_reaction", {}).get("reads"):
         from labctl.dataplane.reaction import describe
         lines.append("# " + describe(doc["controller_reaction"]))

@@ -1,7 +1,7 @@
 """RoCEv2 wire format: header templates crafted with scapy once, then PSN and ICRC patched per packet.
 
 scapy needs ~1 ms to build one RoCE packet (its ICRC post_build); a patched template costs a few
-microseconds, so senders keep up with the lab's links (DESIGN §4, §8). Frames sent through a UDP
+microseconds, so senders keep up with the lab's links (docs/design.md §4 and §8). Frames sent through a UDP
 socket get their Ethernet, IP and UDP headers from the kernel; the ICRC covers the (masked) IP
 and UDP headers, so it is computed here from the header the kernel will write: IP ID 0 (an
 unconnected socket with IP_PMTUDISC_DO), DF, the final lengths, addresses and ports.
@@ -24,7 +24,7 @@ DSCP_DATA = 26        # RoCE data: priority 3, lossless, ECN-capable
 DSCP_CNP = 48         # CNP/control: priority 6, strict priority
 ECT0, CE = 0b10, 0b11
 TOS_DATA = DSCP_DATA << 2 | ECT0
-TOS_CNP = DSCP_CNP << 2 | ECT0   # as ConnectX sends it (ToS 0xC2 in DESIGN §6)
+TOS_CNP = DSCP_CNP << 2 | ECT0   # as ConnectX sends it (ToS 0xC2 in docs/design.md §6)
 
 # IBA opcodes, RC transport
 SEND_FIRST, SEND_MIDDLE, SEND_LAST, SEND_ONLY = 0x00, 0x01, 0x02, 0x04

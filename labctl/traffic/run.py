@@ -15,7 +15,7 @@ from labctl.plan.model import LabPlan
 from labctl.state import LabDir
 from labctl.telemetry import ledger
 from labctl.telemetry.sampler import QueueSampler
-from labctl.traffic import flows, fsdp, schedule as sch
+from labctl.traffic import flows, fsdp, placement, schedule as sch
 from labctl.traffic.dcqcn import Params
 from labctl.traffic.tcpflow import FlowRun
 from labctl.traffic.runner import AgentPool, RunOptions, gpu_ranks, ideal_seconds, local_index
@@ -152,7 +152,12 @@ def dcqcn_params(o) -> Params:
                   byte_counter=o.dcqcn_byte_counter, min_cut_interval=o.cnp_interval * 1e-9)
 
 
-def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Path, progress=None) -> dict:
+RINGS = ("all_reduce", "reduce_scatter", "all_gather")
+
+
+def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Path, progress=None,
+                 trace=None) -> dict:
+    """Play a workload; `trace` (lab.trace_path) lets the report say where ECMP put a ring's hops."""
     w = loaded.workload
     collectives = w.collective is not None or w.fsdp is not None
     ranks = participants(plan, loaded) if collectives else []
@@ -209,6 +214,10 @@ def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Pa
            "controller_reaction": reactions}
     if w.fsdp:
         doc["fsdp"] = _fsdp_summary(w, ranks, results)
+    if trace is not None and w.collective in RINGS and w.options.qps == 1 and w.options.channels == 1 \
+            and w.options.sport == "per-qp":
+        hops = placement.ring_hops(plan, trace, ranks)
+        doc["ring_placement"] = {"hops": hops, "note": placement.collision_note(hops)}
     (out_dir / "results.json").write_text(json.dumps(doc, indent=1))
     return doc
 

@@ -57,7 +57,7 @@ class Options(Strict):
     cnp: bool = Field(False, description="receivers act as DCQCN notification points (send CNPs on CE)")
     dcqcn: bool = Field(False, description="senders run DCQCN rate control on CNPs (pair it with cnp: true)")
     dcqcn_rate_ai: Annotated[int, BeforeValidator(parse_rate)] = Field(
-        40_000_000, description="DCQCN additive increase step, real-fabric rate (default 40Mbit, DESIGN §6)")
+        40_000_000, description="DCQCN additive increase step, real-fabric rate (default 40Mbit, docs/design.md §6)")
     dcqcn_rate_hai: Annotated[int, BeforeValidator(parse_rate)] = Field(
         400_000_000, description="DCQCN hyper increase step, real-fabric rate (default 400Mbit)")
     dcqcn_g: float = Field(1 / 256, gt=0, le=1, description="DCQCN α gain g (default 1/256)")

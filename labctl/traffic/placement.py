@@ -1,0 +1,62 @@
+"""Where a ring's hops cross the fabric: the spine each fabric hop's QP hashes to.
+
+ECMP is a draw: with the bundled lab's default hash seed the ring's two fabric hops land on the
+same spine, so a ring all-reduce runs at about half the bound, which is a lesson about entropy,
+not about the fabric. A benchmark that means to measure the fabric picks a seed without that
+collision, and says which.
+"""
+from __future__ import annotations
+
+from labctl.plan.model import LabPlan
+from labctl.traffic import roce
+from labctl.traffic.runner import gpu_ranks, path_ports
+from labctl.traffic.sender import qpn
+
+
+def ring_hops(plan: LabPlan, trace, order: list[int] | None = None) -> list[dict]:
+    """Each ring hop that crosses a spine: from, to, the UDP source port of its QP 0 (as Linux
+    derives it from the QPNs) and the spine, on the NICs the agents pick. Hops inside a server ride
+    NVLink and cross none. `trace` is lab.trace_path (it asks each node's kernel)."""
+    ranks = gpu_ranks(plan)
+    order = order or list(ranks)
+    spines = spine_names(plan)
+    out = []
+    for i, r in enumerate(order):
+        peer = order[(i + 1) % len(order)]
+        _, dst = path_ports(plan, ranks[r], ranks[peer])
+        sport = roce.udp_sport(qpn(r, peer, 0), qpn(peer, r, 0))
+        for h in trace(plan, ranks[r].name, dst.address.split("/")[0], sport, roce.ROCE_PORT):
+            if h["node"] in spines:
+                out.append({"from": ranks[r].name, "to": ranks[peer].name, "sport": sport, "spine": h["node"]})
+    return out
+
+
+def ring_spines(plan: LabPlan, trace) -> list[str]:
+    return [h["spine"] for h in ring_hops(plan, trace)]
+
+
+def collision_note(hops: list[dict]) -> str | None:
+    """One line saying which ring hops share a spine, how to see it and how to draw again."""
+    by_spine: dict[str, list[dict]] = {}
+    for h in hops:
+        by_spine.setdefault(h["spine"], []).append(h)
+    shared = [(s, hs) for s, hs in by_spine.items() if len(hs) > 1]
+    if not shared:
+        return None
+    spine, hs = shared[0]
+    names = " and ".join(f"{h['from']} -> {h['to']}" for h in hs)
+    first = hs[0]
+    return (f"ECMP put the ring's hops {names} on one spine ({spine}): they share its links, so the ring "
+            f"takes about {len(hs)}x its bound. `labctl route {first['from']} {first['to']} --sport "
+            f"{first['sport']}` shows it; `labctl up ... --set hash_seed=N` draws again")
+
+
+def spine_names(plan: LabPlan) -> set[str]:
+    """Switches with no host attached: the spines of a leaf-spine."""
+    hosts = {n.name for n in plan.nodes if not n.forwarding}
+    return {n.name for n in plan.nodes if n.forwarding and n.kind == "switch"
+            and not any(i.peer_node in hosts for i in n.interfaces)}
+
+
+def collides(spines: list[str]) -> bool:
+    return len(set(spines)) < len(spines)
