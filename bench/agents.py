@@ -23,11 +23,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from labctl import lab as labmod  # noqa: E402
+from labctl import lifecycle as labmod  # noqa: E402
 from labctl import state  # noqa: E402
-from labctl.backends.netns import NetnsBackend  # noqa: E402
+from labctl import backends  # noqa: E402
 from labctl.traffic import roce  # noqa: E402
-from labctl.traffic.runner import AgentPool, RunOptions  # noqa: E402
+from labctl.traffic.pool import AgentPool, RunOptions  # noqa: E402
 from labctl.traffic.schedule import sendrecv  # noqa: E402
 
 UDP_PAYLOAD = 4096 + roce.BTH_LEN + roce.ICRC_LEN  # a WRITE Middle: 4112 bytes, the same as iperf3 -l 4112
@@ -82,7 +82,7 @@ def main() -> None:
             print(f"rep {rep + 1}: agent {a['gbps']:.2f} Gbit/s ({a['pps'] / 1e3:.0f} kpps, lost {a['lost']}) | "
                   f"iperf3 {i['gbps']:.2f} Gbit/s ({i['pps'] / 1e3:.0f} kpps, lost {i['lost']})", file=sys.stderr)
     finally:
-        NetnsBackend().destroy(state.lab_dir(plan.lab))
+        backends.get("netns").destroy(state.lab_dir(plan.lab))
     med = statistics.median
     ag, ip = med(a["gbps"] for a, _ in rows), med(i["gbps"] for _, i in rows)
     print(f"\n3-hop path, 4112-byte UDP payloads, median of {args.reps} (UDP payload Gbit/s)")

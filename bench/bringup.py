@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from labctl import state  # noqa: E402
-from labctl.backends.netns import NetnsBackend  # noqa: E402
+from labctl import backends  # noqa: E402
 from labctl.plan.compile import compile_plan  # noqa: E402
 from labctl.topology.load import load_topology  # noqa: E402
 
@@ -42,9 +42,9 @@ def labctl_once(sets: list[str]) -> dict:
     plan = compile_plan(load_topology(ROOT / "topologies" / "leaf-spine.yml", sets, name=name))
     t1 = time.perf_counter()
     lab = state.claim(name, plan.to_dict(), None)
-    NetnsBackend().apply(plan, lab)
+    backends.get("netns").apply(plan, lab)
     t2 = time.perf_counter()
-    NetnsBackend().destroy(lab)
+    backends.get("netns").destroy(lab)
     t3 = time.perf_counter()
     return {"up_s": t2 - t0, "compile_s": t1 - t0, "down_s": t3 - t2, "plan": plan}
 

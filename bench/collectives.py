@@ -23,9 +23,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from labctl import lab as labmod  # noqa: E402
+from labctl import lifecycle as labmod  # noqa: E402
 from labctl import state  # noqa: E402
-from labctl.backends.netns import NetnsBackend  # noqa: E402
+from labctl import backends  # noqa: E402
 from labctl.traffic import placement  # noqa: E402
 from labctl.traffic.run import run_workload  # noqa: E402
 from labctl.traffic.workload import load_workload  # noqa: E402
@@ -56,7 +56,7 @@ def main() -> None:
                     print(f"{rate:>9} {coll:>15} {r['size']:>10} {r['time_s']:>9.3f} {r['ideal_s']:>9.3f} "
                           f"{r['ratio']:>6.2f} {r['wrong']:>6}", flush=True)
         finally:
-            NetnsBackend().destroy(state.lab_dir(plan.lab))
+            backends.get("netns").destroy(state.lab_dir(plan.lab))
 
 
 def collision_free_seed() -> str:
@@ -66,7 +66,7 @@ def collision_free_seed() -> str:
         try:
             spines = placement.ring_spines(plan, labmod.trace_path)
         finally:
-            NetnsBackend().destroy(state.lab_dir(plan.lab))
+            backends.get("netns").destroy(state.lab_dir(plan.lab))
         if not placement.collides(spines):
             print(f"# ECMP placement: hash_seed={seed}, under which the ring's fabric hops cross "
                   f"{' and '.join(spines)} (seeds before it put them on one spine)")

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from labctl import state  # noqa: E402
-from labctl.backends.netns import NetnsBackend  # noqa: E402
+from labctl import backends  # noqa: E402
 from labctl.dataplane.controller import FAST, Controller  # noqa: E402
 from labctl.plan.compile import compile_plan  # noqa: E402
 from labctl.topology.load import load_topology  # noqa: E402
@@ -37,7 +37,7 @@ def main() -> None:
     plan = compile_plan(load_topology(ROOT / "topologies" / "leaf-spine.yml",
                                       ["spines=4", "leaves=12", "servers=3", "gpus_per_server=4"], name="bctl"))
     lab = state.claim(plan.lab, plan.to_dict(), None)
-    NetnsBackend().apply(plan, lab)  # no controller process: this one is measured in-process
+    backends.get("netns").apply(plan, lab)  # no controller process: this one is measured in-process
     try:
         ctl = Controller(plan)
         n = len(ctl.switches)
@@ -68,7 +68,7 @@ def main() -> None:
         print(f"reaction:    one loop = {1e3 / (polls / wall):.2f} ms lab time = "
               f"{1e6 / (polls / wall) / plan.dilation:.2f} us on the real fabric (dilation {plan.dilation:g})")
     finally:
-        NetnsBackend().destroy(lab)
+        backends.get("netns").destroy(lab)
 
 
 if __name__ == "__main__":

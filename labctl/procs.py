@@ -16,8 +16,9 @@ import os
 # kernel's rtnl lock while the controller may need it runs real-time too, one level lower, for as
 # long as it holds it: a time-shared thread preempted with the lock held stalled the controller for
 # up to 32 ms behind two CPU-burning processes (priority inversion: kernel mutexes lend no
-# priority). The queue sampler is real-time only inside its netlink calls (in_kernel); running it
-# real-time throughout took so much CPU from the agents that ring collectives ran 20% slower.
+# priority). The queue sampler is real-time only for its netlink dumps (in_kernel, once per
+# sample); running it real-time throughout took so much CPU from the agents that ring collectives
+# ran 20% slower.
 HELPER_RT_PRIORITY = 10
 RTNL_READER_RT_PRIORITY = 5
 HELPER_NICE = -10          # where real-time scheduling is refused (a container without CAP_SYS_NICE)

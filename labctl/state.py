@@ -21,8 +21,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from labctl import procs
 from labctl.errors import LabError
-from labctl.plan.naming import valid_lab_name, valid_namespace
+from labctl.names import valid_lab_name, valid_namespace
 
 
 def state_root() -> Path:
@@ -134,6 +135,11 @@ class LabDir:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
+def building_now(record: dict) -> bool:
+    """The process that claimed a lab is still running (the same process: PID and start time)."""
+    return procs.verified(record.get("builder") or "") is not None
+
+
 def write_private(path: Path, text: str) -> None:
     """Write a secret (keys) readable by its owner only, never through a symlink planted in its place."""
     try:
@@ -164,8 +170,7 @@ def claim(name: str, plan: dict, topology_file: str | None) -> LabDir:
     except FileExistsError:
         state = d.read_state()
         pid = state.get("pid")
-        from labctl.backends.nsutil import pid_alive
-        if state.get("status") == "building" and pid and pid_alive(pid):
+        if state.get("status") == "building" and building_now(state):
             raise LabError(f"lab {name!r} is being built right now by process {pid}",
                            "wait for it, or choose another name with --name") from None
         if state.get("status") == "up":
@@ -173,8 +178,8 @@ def claim(name: str, plan: dict, topology_file: str | None) -> LabDir:
                            f"`labctl down {name}` first, or start a second copy with --name {name}2") from None
         raise LabError(f"lab {name!r} has remains of an interrupted run in {d.path}",
                        "`labctl clean` removes them") from None
-    d.write_state(lab=name, status="building", pid=os.getpid(), started=time.time(),
-                  topology_file=topology_file)
+    d.write_state(lab=name, status="building", pid=os.getpid(), builder=procs.identity(os.getpid()),
+                  started=time.time(), topology_file=topology_file)
     (d.path / "plan.json").write_text(json.dumps(plan))  # compact: the C encoder, 10x faster
     return d
 

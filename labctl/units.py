@@ -94,10 +94,3 @@ def format_rate(bps: float) -> str:
         if bps >= scale:
             return f"{bps / scale:g} {unit}"
     return f"{bps:g} bit/s"
-
-
-def format_duration(ns: float) -> str:
-    for unit, scale in (("s", 1e9), ("ms", 1e6), ("us", 1e3)):
-        if ns >= scale:
-            return f"{ns / scale:g} {unit}"
-    return f"{ns:g} ns"

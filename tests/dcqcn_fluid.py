@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from labctl.dataplane import ecn
+from labctl.plan import qos
 from labctl.traffic.dcqcn import Params, ReactionPoint
 
 
@@ -33,7 +33,7 @@ def run(params: Params, line_bps: float, dilation: float, seconds: float, starts
     steps = int(seconds / dt)
     for k in range(steps):
         t = k * dt
-        prob = ecn.probability(int(depth), kmin, kmax, pmax)
+        prob = qos.marking_probability(int(depth), kmin, kmax, pmax)
         arrived = 0.0
         for i, start in enumerate(starts):
             if rps[i] is None and t >= start:

@@ -2,6 +2,7 @@
 import pytest
 
 from labctl.dataplane import ecn
+from labctl.plan import qos
 
 KMIN, KMAX, PMAX = 400_000, 1_600_000, 0.2
 
@@ -9,7 +10,7 @@ KMIN, KMAX, PMAX = 400_000, 1_600_000, 0.2
 @pytest.mark.parametrize("depth,p", [(0, 0), (399_999, 0), (400_000, 0), (1_000_000, 0.1), (1_600_000, 0.2),
                                      (1_600_001, 1.0), (4_000_000, 1.0)])
 def test_probability_profile(depth, p):
-    assert ecn.probability(depth, KMIN, KMAX, PMAX) == pytest.approx(p)
+    assert qos.marking_probability(depth, KMIN, KMAX, PMAX) == pytest.approx(p)
 
 
 def test_threshold_quantises_and_saturates():

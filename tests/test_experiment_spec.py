@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from labctl.errors import InputError
-from labctl.experiment.runner import judge, prepare
+from labctl.experiment.run import judge, prepare
 from labctl.experiment.spec import Experiment
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,6 @@
-"""Golden tests of the pure pipeline: topology file → rendered YAML → plan JSON.
+"""Golden tests of the pure pipeline (netlab's input → expected): topology file → rendered YAML →
+plan JSON, for every bundled template and for WAN wires, a shared buffer and an L2 segment; and
+every export format of two of them.
 
 Regenerate after an intended change with `UPDATE_GOLDEN=1 pytest tests/test_golden.py` and review
 the diff like code.
@@ -11,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from labctl import exports
 from labctl.plan.compile import compile_plan
 from labctl.topology.load import load_topology, render_topology
 
@@ -35,6 +38,29 @@ def test_plan_matches_golden(case):
 def test_render_matches_golden(case):
     text, _, _ = render_topology(case)
     _check(case.with_suffix(".rendered.yml"), text)
+
+
+EXPORTED = [GOLDEN / "leaf-spine-2x2.yml", GOLDEN / "bridged.yml"]
+
+
+@pytest.mark.parametrize("fmt", [f for f in exports.FORMATS if f != "json"])
+@pytest.mark.parametrize("case", EXPORTED, ids=[c.stem for c in EXPORTED])
+def test_export_matches_golden(case, fmt):
+    plan = compile_plan(load_topology(case))
+    _check(case.with_suffix(f".{fmt}"), exports.export(plan, fmt))
+
+
+def test_json_export_is_the_plan():
+    import json as _json
+    plan = compile_plan(load_topology(EXPORTED[0]))
+    assert _json.loads(exports.export(plan, "json")) == plan.to_dict()
+
+
+def test_every_bundled_template_has_a_golden_case():
+    from labctl.topology import templates as tpl
+    bundled = {t.name for t in tpl.list_templates([tpl.bundled_dir()])}
+    used = {load_topology(c).template for c in CASES} - {None}
+    assert bundled <= used, f"add a golden case for {sorted(bundled - used)}"
 
 
 def test_plan_is_deterministic():

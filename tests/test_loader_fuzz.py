@@ -167,7 +167,7 @@ def test_mutated_workloads_load_or_fail_with_an_error(source, tmp_path):
 
 @pytest.mark.parametrize("source", EXPERIMENTS, ids=[p.stem for p in EXPERIMENTS])
 def test_mutated_experiments_are_refused_before_anything_is_built(source, tmp_path):
-    from labctl.experiment.runner import prepare
+    from labctl.experiment.run import prepare
     raw = yaml.safe_load(source.read_text())
 
     @settings(max_examples=25, deadline=None, derandomize=True,
@@ -190,7 +190,7 @@ def test_mutated_experiments_are_refused_before_anything_is_built(source, tmp_pa
 def test_up_of_broken_labs_leaves_nothing_behind(tmp_path, state_dir, lab_name):
     """Through `up` as root: a broken lab is refused before anything exists, a good one is torn down."""
     require_root()
-    from labctl import lab as labmod
+    from labctl import lifecycle as labmod
     source = _rendered(ROOT / "tests/topologies/chain.yml")
     before = set(os.listdir("/var/run/netns")) if os.path.isdir("/var/run/netns") else set()
     built = refused = 0

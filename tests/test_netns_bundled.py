@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from conftest import lab_namespaces, require_root
-from labctl import lab as labmod
+from labctl import lifecycle as labmod
 from labctl import procs, state
 from labctl.traffic.run import run_workload
 from labctl.traffic.workload import load_workload

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import require_root
 from labctl import state
-from labctl.dataplane.queues import node_queues
+from labctl.telemetry.queues import node_queues
 from labctl.traffic.run import run_workload
 from labctl.traffic.workload import load_workload
 

@@ -11,8 +11,9 @@ import pytest
 
 from conftest import require_root
 from labctl.backends import nsutil, rtnl
-from labctl.dataplane import ecn, qdepth, qos
-from labctl.dataplane.tcset import set_port_rate
+from labctl.plan import qos
+from labctl.telemetry import qdepth
+from labctl.backends.netconf import set_rate as set_port_rate
 
 BOTTLENECK = Path(__file__).parent / "topologies" / "bottleneck.yml"
 pytestmark = pytest.mark.netns
@@ -93,7 +94,7 @@ def test_marking_fraction_follows_the_profile_at_standing_queue_depths(built_lab
                 time.sleep(0.005)
             rx.counting.clear()
             mean = statistics.mean(samples)
-            want = statistics.mean(ecn.probability(d, e.kmin, e.kmax, e.pmax) for d in samples)
+            want = statistics.mean(qos.marking_probability(d, e.kmin, e.kmax, e.pmax) for d in samples)
             results.append((target, mean, rx.packets, rx.ce / max(1, rx.packets), want))
     finally:
         stop.set()

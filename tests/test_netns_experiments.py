@@ -109,7 +109,7 @@ def test_captures_decode_as_roce_pfc_and_show_ce_marks(all_experiments):
 def test_link_and_wait_steps_reroute_and_restore(state_dir, lab_name, tmp_path, monkeypatch):
     """A test experiment (tests/experiments/link-failure.yml): link down between two runs, then up."""
     require_root()
-    from labctl.experiment.runner import run_experiment
+    from labctl.experiment.run import run_experiment
     monkeypatch.setenv("LABCTL_EXPERIMENT_PREFIX", lab_name + "-")
     doc = run_experiment(ROOT / "tests" / "experiments" / "link-failure.yml", tmp_path / "out", say=lambda m: None)
     assert doc["passed"], doc["expectations"]

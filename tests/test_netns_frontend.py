@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from conftest import require_root
-from labctl import lab as labmod
+from labctl import lifecycle as labmod
 from labctl import state
 from labctl.traffic.run import run_workload
 from labctl.traffic.workload import load_workload

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import lab_namespaces, require_root
-from labctl import lab as labmod
+from labctl import lifecycle as labmod
 from labctl import state
 from labctl.backends import nsutil
 from netutil import ping, send_udp, wait_for
@@ -168,7 +168,7 @@ def test_two_labs_side_by_side(built_lab, lab_name):
 def test_failure_half_way_rolls_back_everything(state_dir, lab_name):
     """A route the kernel refuses (gateway not on any connected subnet), on the last node to be set up."""
     require_root()
-    from labctl.backends.netns import NetnsBackend
+    from labctl import backends
     from labctl.errors import LabError
     from labctl.plan.compile import compile_plan
     from labctl.plan.model import NextHop, Route
@@ -178,7 +178,7 @@ def test_failure_half_way_rolls_back_everything(state_dir, lab_name):
     last.routes.append(Route("10.200.0.0/24", [NextHop("10.250.0.1", last.interfaces[0].name)]))
     d = state.claim(lab_name, plan.to_dict(), None)
     with pytest.raises(LabError, match="route 10.200.0.0/24"):
-        NetnsBackend().apply(plan, d)
+        backends.get("netns").apply(plan, d)
     assert lab_namespaces(lab_name + "-") == []
     assert not d.path.exists()
 

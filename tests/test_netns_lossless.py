@@ -12,8 +12,8 @@ import pytest
 
 from conftest import require_root
 from labctl import state
-from labctl.capture import Capture
-from labctl.telemetry.order import reordering
+from labctl.lifecycle.capture import Capture
+from labctl.traffic.order import reordering
 from labctl.traffic.run import run_workload
 from labctl.traffic.workload import load_workload
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from conftest import require_root
-from labctl import lab as labmod
+from labctl import lifecycle as labmod
 from labctl import state
-from labctl.dataplane.queues import lab_queues
+from labctl.telemetry.queues import lab_queues
 from labctl.traffic.run import run_workload
 from labctl.traffic.workload import load_workload
 
@@ -95,7 +95,7 @@ def test_congestion_spreads_to_a_victim_that_only_shares_an_upstream_port(built_
     require_root()
     import itertools
     from labctl.traffic import schedule as sch
-    from labctl.traffic.runner import AgentPool, RunOptions
+    from labctl.traffic.pool import AgentPool, RunOptions
     plan = built_lab(LEAF_SPINE, sets=FABRIC_ONLY)
     lab = state.lab_dir(plan.lab)
     # ranks: srvS-gpuG is rank 4(S-1)+G and sits on leaf G+1 (rail-optimised)

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from conftest import require_root
-from labctl import lab as labmod
+from labctl import lifecycle as labmod
 from labctl import state
-from labctl.dataplane.tcset import set_port_rate
+from labctl.backends.netconf import set_rate as set_port_rate
 from netutil import wait_for
 from test_netns_shaping import measure_rate
 

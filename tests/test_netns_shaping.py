@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import require_root
-from labctl import lab as labmod
+from labctl import lifecycle as labmod
 from netutil import udp_socket_in
 
 CHAIN = Path(__file__).parent / "topologies" / "chain.yml"

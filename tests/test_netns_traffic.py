@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from conftest import lab_namespaces, require_root
-from labctl import lab as labmod
+from labctl import lifecycle as labmod
 from labctl import state
-from labctl.backends.netns import NetnsBackend
+from labctl import backends
 from labctl.traffic import placement
 from labctl.traffic.run import run_workload
 from labctl.traffic.workload import load_workload
@@ -49,7 +49,7 @@ def lab():
         yield plan, d
     finally:
         if state.lab_dir(name).path.exists():
-            NetnsBackend().destroy(state.lab_dir(name))
+            backends.get("netns").destroy(state.lab_dir(name))
         if old is None:
             os.environ.pop("LABCTL_STATE_DIR", None)
         else:
@@ -203,7 +203,7 @@ def test_incast_loss_is_accounted_by_the_receiver(lab, tmp_path):
     assert ledger["unexplained_gaps"] == 0 and ledger["psn_gaps"] == rx["gaps"]
     qdisc = [p for p in ledger["places"] if p["place"] == "qdisc"]
     assert qdisc and sum(p["count"] for p in qdisc) == dropped, ledger
-    assert ledger["lossless_drops"] == sum(p["count"] for p in qdisc if p["what"] == "roce")
+    assert any(p["what"] == "roce" for p in qdisc) and ledger["lossless_drops"] == 0   # PFC off: roce is lossy
     # the queue time series saw the incast: the receiver's port filled up to its buffer and dropped
     import csv
     series = doc["queue_series"]

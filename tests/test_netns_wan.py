@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 from conftest import require_root
-from labctl import lab as labmod
+from labctl import lifecycle as labmod
 from labctl import state
 from labctl.traffic import fsdp, schedule as sch
 from labctl.traffic.run import run_workload
 from labctl.traffic.tcpflow import FlowRun, Sequence, Target
 from labctl.traffic.workload import load_workload
-from labctl.capture import Capture
+from labctl.lifecycle.capture import Capture
 from labctl.wan.keys import tshark_options
 
 ROOT = Path(__file__).resolve().parents[1]

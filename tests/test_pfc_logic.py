@@ -54,8 +54,8 @@ def test_received_pauses_start_extend_expire_and_resume():
 
 
 def test_headroom_grows_with_feeders_rate_and_distance():
-    from labctl.plan.compile import headroom
-    from labctl.plan.compile import PFC_RESPONSE_S
+    from labctl.plan.qos import headroom
+    from labctl.plan.qos import PFC_RESPONSE_S
     one = headroom(100_000_000, 1, 0, 9014)
     assert one == 12_500_000 * PFC_RESPONSE_S + 2 * 9014            # the reaction at line rate, two frames
     assert headroom(100_000_000, 3, 0, 9014) == 3 * 12_500_000 * PFC_RESPONSE_S + 2 * 9014
@@ -75,7 +75,7 @@ def pause_graph(plan):
     """Wait-for edges between lossless queues: (node, egress) congested -> pauses the queue of the
     neighbour on each feeding port that sends into this node."""
     import networkx as nx
-    from labctl.dataplane.feeders import feeders
+    from labctl.plan.feeders import feeders
     g = nx.DiGraph()
     for n in plan.nodes:
         if not n.forwarding:
@@ -92,7 +92,7 @@ def pause_graph(plan):
 def test_pfc_pauses_only_feeders_so_no_wait_cycle_can_deadlock_the_fabric(topology, sets):
     import networkx as nx
     from pathlib import Path
-    from labctl.dataplane.feeders import feeders
+    from labctl.plan.feeders import feeders
     from labctl.plan.compile import compile_plan
     from labctl.topology.load import load_topology
     plan = compile_plan(load_topology(Path(__file__).parents[1] / "topologies" / topology, sets))

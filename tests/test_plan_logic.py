@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from labctl.plan.compile import compile_plan
-from labctl.plan.naming import NamingError, assign_ifnames
+from labctl.names import NamingError, assign_ifnames
 from labctl.topology.load import load_topology
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -154,7 +154,7 @@ def test_zones_route_through_the_wan_with_ecmp_over_parallel_links_and_weights(t
 
 
 def test_l4_ecmp_hashes_the_five_tuple_like_a_switch_and_l3_only_addresses():
-    from labctl.plan.compile import multipath_hash_sysctls
+    from labctl.plan.sysctls import multipath_hash_sysctls
     assert multipath_hash_sysctls(1, 7) == {"net.ipv4.fib_multipath_hash_policy": "3",
                                             "net.ipv4.fib_multipath_hash_fields": "55",   # 0x37
                                             "net.ipv4.fib_multipath_hash_seed": "7"}

@@ -103,7 +103,7 @@ def test_as_root_a_state_directory_others_can_write_is_refused(tmp_path):
 @pytest.mark.netns
 def test_destroy_kills_only_the_processes_it_can_prove_it_started(state_dir):
     require_root()
-    from labctl.backends.netns import NetnsBackend
+    from labctl import backends
     state_dir.mkdir(mode=0o700)
     lab = state.LabDir("ltkill", state_dir / "ltkill")
     lab.path.mkdir()
@@ -118,7 +118,7 @@ def test_destroy_kills_only_the_processes_it_can_prove_it_started(state_dir):
         lab.journal("pid", procs.identity(ours.pid))
         lab.journal("pid", procs.identity(ended.pid))
         lab.journal("released-pid", procs.identity(ended.pid))
-        NetnsBackend().destroy(lab)
+        backends.get("netns").destroy(lab)
         time.sleep(0.2)
         assert ours.poll() is not None
         assert stranger.poll() is None and reused.poll() is None and ended.poll() is None
@@ -271,7 +271,7 @@ def test_concurrent_writers_of_control_json_lose_no_change(tmp_path):
 @pytest.mark.netns
 def test_the_controller_survives_a_broken_control_file_and_status_says_so(built_lab, state_dir):
     require_root()
-    from labctl import lab as labmod
+    from labctl import lifecycle as labmod
     plan = built_lab(ROOT / "tests" / "topologies" / "bottleneck.yml")
     lab = state.lab_dir(plan.lab)
     (lab.path / control.FILE).write_text('{"generation": 1, "ports": {"r1:h2:3": {"pmax": "lots"}}}')

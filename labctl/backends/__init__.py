@@ -1,7 +1,27 @@
-"""Backends apply a LabPlan to something real. Explicit registry, no string-built lookups."""
+"""Backends build a LabPlan into something real. One registry; `get` is the only way in.
+
+Adding a backend is one module with a Backend subclass and one entry here. No module outside
+this package imports a concrete backend.
+"""
 from __future__ import annotations
 
+from labctl.errors import LabError
 
-def backends() -> dict:
+
+def _netns():
     from labctl.backends.netns import NetnsBackend
-    return {"netns": NetnsBackend}
+    return NetnsBackend()
+
+
+REGISTRY = {"netns": _netns}
+
+
+def names() -> list[str]:
+    return list(REGISTRY)
+
+
+def get(name: str):
+    """The backend called `name` (a labctl.backends.base.Backend)."""
+    if name not in REGISTRY:
+        raise LabError(f"there is no backend {name!r}", f"backends: {', '.join(REGISTRY)}")
+    return REGISTRY[name]()

@@ -5,7 +5,7 @@ Build order, chosen by measurement (docs/design.md §8):
      (receive packet steering among them, so that no flow is reordered between hops: rps.py);
   2. every veth pair in one netlink burst from the root namespace, each end created directly in its
      namespace with its final name, MAC, MTU and ifindex;
-  3. per namespace, one burst: links up, addresses, HTB shaping with a bfifo leaf, ECMP routes.
+  3. per namespace, one burst: links up, addresses, HTB shaping, the bridge, ECMP routes (netconf.py).
 Everything made is journaled first; any failure destroys what the journal lists.
 """
 from __future__ import annotations
@@ -14,27 +14,20 @@ import os
 import resource
 import socket
 import time
-from typing import Callable
 
-from labctl.backends import nsutil, rps, rtnl, wires
-from labctl.dataplane import nft, qos
 from labctl import procs
+from labctl.backends import netconf, nsutil, rps, rtnl, wires
+from labctl.backends.base import Backend, Progress, quiet
 from labctl.errors import LabError
-from labctl.plan.model import Interface, LabPlan, Node
+from labctl.plan.model import LabPlan
 from labctl.state import LabDir
 
-Progress = Callable[[str, int, int], None]
 
-
-
-def _quiet(stage: str, done: int, total: int) -> None:
-    pass
-
-
-class NetnsBackend:
+class NetnsBackend(Backend):
     name = "netns"
+    description = "Linux network namespaces and veth pairs, built over rtnetlink (the default)"
 
-    def apply(self, plan: LabPlan, lab: LabDir, progress: Progress = _quiet) -> None:
+    def apply(self, plan: LabPlan, lab: LabDir, progress: Progress = quiet) -> None:
         _raise_fd_limit(3 * len(plan.nodes) + 6 * len(wires.wired(plan)) + 64)
         for node in plan.nodes:
             if nsutil.exists(node.namespace):
@@ -59,8 +52,9 @@ class NetnsBackend:
             self._create_links(plan, handles, progress)
             _steer_without_default_mask(plan, handles)
             for i, node in enumerate(plan.nodes):
-                _configure(node, handles[node.name], wires.static_neighbours(plan, node.name))
-                _classify(node)
+                h = handles[node.name]
+                netconf.configure(node, h.nl, h.ioctl, wires.static_neighbours(plan, node.name))
+                netconf.classify(node)
                 progress("configure", i + 1, len(plan.nodes))
             for link in wires.wired(plan):
                 _configure_line(link, handles)
@@ -167,122 +161,19 @@ def _configure_line(link, handles: dict[str, _NsHandles]) -> None:
             if port_ns == ns:
                 nsutil.tx_checksum_off(handles[ns].ioctl, name)
                 batch.add(rtnl.link_up(index), f"{ns}: bringing up {name}")
-        try:
-            batch.commit()
-        except rtnl.NetlinkError as exc:
-            raise LabError(f"{exc.what} failed: {os.strerror(exc.code)}") from None
-
-
-def _configure(node: Node, h: _NsHandles, extra: list = ()) -> None:
-    for iface in node.interfaces:
-        nsutil.tx_checksum_off(h.ioctl, iface.name)
-    batch = rtnl.Batch(h.nl)
-    batch.add(rtnl.link_up(1), f"{node.name}: bringing up lo")
-    for iface in node.interfaces:
-        batch.add(rtnl.link_up(iface.index), f"{node.name}: bringing up {iface.name}")
-        batch.add(rtnl.addr_add(iface.index, iface.address), f"{node.name}: address {iface.address}")
-        _add_shaping(batch, node, iface)
-    if node.loopback:
-        batch.add(rtnl.addr_add(1, node.loopback), f"{node.name}: loopback {node.loopback}")
-    index = {i.name: i.index for i in node.interfaces}
-    for route in node.routes:
-        batch.add(rtnl.route_add(route.dst, [(h.via, index[h.dev], h.weight) for h in route.nexthops]),
-                  f"{node.name}: route {route.dst}")
-    for request, what in extra:
-        batch.add(request, what)
-    try:
-        batch.commit()
-    except rtnl.NetlinkError as exc:
-        raise LabError(f"{exc.what} failed: {os.strerror(exc.code)}") from None
-
-
-def _add_shaping(batch: rtnl.Batch, node: Node, iface: Interface) -> None:
-    """HTB at the link rate with a class and a bfifo leaf per traffic class (dataplane/qos.py)."""
-    s = iface.shaping
-    where = f"{node.name}:{iface.name}"
-    classes = s.classes
-    default = next((c.tc for c in classes if not c.dscp), None)
-    default_minor = qos.class_minor(default) if default is not None else 1
-    batch.add(rtnl.htb_qdisc(iface.index, qos.HTB_ROOT, default_minor), f"{where}: htb root")
-    batch.add(rtnl.htb_class(iface.index, qos.HTB_LINK, qos.HTB_ROOT, s.rate_bps, s.burst_bytes, s.quantum),
-              f"{where}: htb class at {s.rate_bps} bit/s")
-    if not classes:
-        batch.add(rtnl.bfifo(iface.index, 0x100000, qos.HTB_LINK, s.buffer_bytes), f"{where}: bfifo leaf")
-        return
-    for c in classes:
-        batch.add(rtnl.htb_class(iface.index, qos.class_handle(c.tc), qos.HTB_LINK, c.rate_bps, s.burst_bytes,
-                                 s.quantum, prio=c.prio, ceil_bps=s.rate_bps), f"{where}: class {c.name}")
-        if c.lossless:  # a TBF leaf, so that a PFC pause can stop this class alone (dataplane/pfc.py)
-            batch.add(rtnl.tbf(iface.index, qos.leaf_handle(c.tc), qos.class_handle(c.tc),
-                               qos.lossless_tbf_rate(s.rate_bps), qos.lossless_tbf_burst(s.rate_bps, s.quantum),
-                               c.buffer_bytes), f"{where}: {c.name} queue (lossless)")
-        else:
-            batch.add(rtnl.bfifo(iface.index, qos.leaf_handle(c.tc), qos.class_handle(c.tc), c.buffer_bytes),
-                      f"{where}: {c.name} queue")
-
-
-def _classify(node: Node) -> None:
-    """Forwarding nodes put packets in their class by DSCP (nftables sets skb->priority)."""
-    if not node.forwarding or not node.interfaces or not node.interfaces[0].shaping.classes:
-        return
-    specs = [{"tc": c.tc, "dscp": c.dscp} for c in node.interfaces[0].shaping.classes]
-    ctx = nft.Nft(node.namespace)
-    try:
-        ctx.run(qos.classify_ruleset(specs))
-    finally:
-        ctx.close()
+        netconf.commit(batch)
 
 
 def _wait_links_up(plan: LabPlan, handles: dict[str, _NsHandles], timeout: float = 10.0) -> None:
-    """Wait for every port to be operationally up: until linkwatch runs, a veth's qdisc is still
-    noop and drops everything, so a lab reported up must really forward."""
     deadline = time.monotonic() + timeout
     wanted = [(node.name, {i.name for i in node.interfaces}) for node in plan.nodes]
     for link in wires.wired(plan):
         wanted += [(ns, {name}) for ns, name, _ in wires.ports(link)]
     for name, want in wanted:
-        while True:
-            states = rtnl.link_states(handles[name].nl)
-            down = sorted(n for n in want if states.get(n) != rtnl.IF_OPER_UP)
-            if not down:
-                break
-            if time.monotonic() > deadline:
-                raise LabError(f"{name}: ports {', '.join(down)} did not come up within {timeout:g} s")
-            time.sleep(0.005)
+        netconf.wait_up(handles[name].nl, name, want, deadline)
 
 
 def _raise_fd_limit(need: int) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < need:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(max(need, soft), hard), hard))
-
-
-def commit_in(namespace: str, requests: list[tuple[tuple, str]]) -> int:
-    """Send (request, description) pairs to a namespace in one burst; returns how many were sent."""
-    with nsutil.netlink_socket(namespace) as sock:
-        batch = rtnl.Batch(sock)
-        for request, what in requests:
-            batch.add(request, what)
-        try:
-            batch.commit()
-        except rtnl.NetlinkError as exc:
-            raise LabError(f"{exc.what} failed: {exc}") from None
-    return len(requests)
-
-
-def set_link(node: Node, iface: Interface, up: bool) -> None:
-    """Administratively bring one port up or down (both ends make a link failure)."""
-    kind, flags, _ = rtnl.link_up(iface.index)
-    commit_in(node.namespace, [((kind, flags, rtnl.ifinfo(iface.index, rtnl.IFF_UP if up else 0, rtnl.IFF_UP)),
-                                f"{node.name}: {'up' if up else 'down'} {iface.name}")])
-
-
-def apply_routes(node: Node, old: list, new: list) -> int:
-    """Replace the routes that changed and delete the ones that vanished; returns how many changed."""
-    before = {r.dst: [(h.via, h.dev, h.weight) for h in r.nexthops] for r in old}
-    after = {r.dst: [(h.via, h.dev, h.weight) for h in r.nexthops] for r in new}
-    index = {i.name: i.index for i in node.interfaces}
-    requests = [(rtnl.route_replace(dst, [(via, index[dev], w) for via, dev, w in hops]), f"{node.name}: route {dst}")
-                for dst, hops in after.items() if before.get(dst) != hops]
-    requests += [(rtnl.route_del(dst), f"{node.name}: delete route {dst}") for dst in before.keys() - after.keys()]
-    return commit_in(node.namespace, requests) if requests else 0

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from pyroute2 import netns as pr_netns
 
-from labctl.plan.naming import valid_namespace
+from labctl.names import valid_namespace
 
 NETNS_DIR = Path("/var/run/netns")
 SIOCETHTOOL = 0x8946

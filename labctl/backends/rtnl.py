@@ -10,7 +10,6 @@ import errno
 import os
 import socket
 import struct
-from dataclasses import dataclass
 
 # linux/netlink.h, linux/rtnetlink.h, linux/if_link.h, linux/pkt_sched.h
 NLM_F_REQUEST, NLM_F_ACK, NLM_F_EXCL, NLM_F_CREATE = 0x1, 0x4, 0x200, 0x400
@@ -75,6 +74,21 @@ def veth(name: str, index: int, mac: str, mtu: int, ns_fd: int,
             + nest(IFLA_LINKINFO, attr(IFLA_INFO_KIND, cstr("veth")),
                    nest(IFLA_INFO_DATA, attr(VETH_INFO_PEER, peer_msg))))
     return RTM_NEWLINK, CREATE, body
+
+
+IFLA_MASTER = 10
+
+
+def bridge(name: str, index: int, mtu: int) -> tuple[int, int, bytes]:
+    """A Linux bridge (no STP: labctl refuses L2 loops instead), with a fixed ifindex."""
+    body = (ifinfo(index) + attr(IFLA_IFNAME, cstr(name)) + attr(IFLA_MTU, u32(mtu))
+            + nest(IFLA_LINKINFO, attr(IFLA_INFO_KIND, cstr("bridge"))))
+    return RTM_NEWLINK, CREATE, body
+
+
+def set_master(index: int, master: int) -> tuple[int, int, bytes]:
+    """Enslave a port to a bridge."""
+    return RTM_NEWLINK, CHANGE, ifinfo(index) + attr(IFLA_MASTER, u32(master))
 
 
 def link_up(index: int) -> tuple[int, int, bytes]:
@@ -183,12 +197,6 @@ class NetlinkError(Exception):
         super().__init__(f"{what}: {os.strerror(code)}")
         self.code = code
         self.what = what
-
-
-@dataclass
-class _Pending:
-    seq: int
-    what: str
 
 
 class Batch:

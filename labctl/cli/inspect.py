@@ -8,7 +8,6 @@ import click
 from rich.table import Table
 
 from labctl.cli.base import cli, out
-from labctl.errors import LabError
 
 @cli.command()
 @click.argument("lab", required=False)
@@ -21,7 +20,7 @@ def status(lab, as_json):
       labctl status            # every lab
       labctl status ls --json  # one lab, with per-port counters
     """
-    from labctl import lab as labmod
+    from labctl import lifecycle as labmod
     from labctl import state
     if lab is None:
         labs = [{"lab": d.name, **{k: d.read_state().get(k) for k in ("status", "topology_file", "pid")},
@@ -75,16 +74,12 @@ def exec_(node, command, lab_name):
       sudo labctl exec srv1-gpu0 -- ping -c 3 10.1.0.29
       sudo labctl exec leaf1 --lab ls -- ip -s link
     """
-    from labctl import lab as labmod
+    from labctl import lifecycle as labmod
     labmod.require_root("labctl exec")
+    from labctl.lifecycle import targets
     lab = labmod.default_lab(lab_name)
-    p = labmod.load_plan(lab)
-    try:
-        ns = p.node(node).namespace
-    except KeyError:
-        raise LabError(f"lab {p.lab!r} has no node {node!r}", "`labctl status " + p.lab + "` lists the nodes")
-    argv = ["ip", "netns", "exec", ns, *command]
-    os.execvp("ip", argv)  # an argv list: nothing the user typed goes through a shell
+    argv = labmod.backend_of(lab).exec_argv(targets.node(labmod.load_plan(lab), node), list(command))
+    os.execvp(argv[0], argv)  # an argv list: nothing the user typed goes through a shell
 
 
 @cli.command()
@@ -105,7 +100,7 @@ def route(node, dest, lab_name, sport, dport):
       sudo labctl route srv1-gpu0 srv2-gpu1 --sport 49152
       sudo labctl route srv1-gpu0 srv2-gpu1 --sport 49153
     """
-    from labctl import lab as labmod
+    from labctl import lifecycle as labmod
     p = labmod.load_plan(labmod.default_lab(lab_name))
     hops = labmod.trace_path(p, node, dest, sport, dport)
     path = " -> ".join(h["node"] + (f" ({h['out']})" if h["out"] else "") for h in hops)
@@ -125,7 +120,7 @@ def pingall(lab, fabric):
       sudo labctl pingall ls
       sudo labctl pingall ls --fabric backend
     """
-    from labctl import lab as labmod
+    from labctl import lifecycle as labmod
     p = labmod.load_plan(labmod.default_lab(lab))
     tried, failed = labmod.pingall(p, fabric)
     for a, b in failed:
@@ -156,11 +151,12 @@ def capture(target, bpf, out, snaplen, lab_name):
       tshark -r leaf1_srv1-gpu0.pcapng --disable-protocol rpcordma   # RoCE as RRoCE, PFC as MAC Control
     """
     import subprocess
-    from labctl import lab as labmod
-    from labctl.capture import command, file_name, resolve
+    from labctl import lifecycle as labmod
+    from labctl.lifecycle.capture import command, file_name
+    from labctl.lifecycle.targets import capture_point
     labmod.require_root("labctl capture")
     plan = labmod.load_plan(labmod.default_lab(lab_name))
-    ns, port = resolve(plan, target)
+    ns, port = capture_point(plan, target)
     path = out or file_name(target)
     if path != "-":
         click.echo(f"capturing {target} to {path} (Ctrl-C to stop)", err=True)

@@ -7,6 +7,7 @@ import sys
 import click
 from rich.table import Table
 
+from labctl import backends
 from labctl.cli.base import SET_HELP, TEMPLATES_HELP, cli, err, out
 
 @cli.command()
@@ -14,11 +15,14 @@ from labctl.cli.base import SET_HELP, TEMPLATES_HELP, cli, err, out
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help=SET_HELP)
 @click.option("--name", help="the lab name (default: the file's name:); two names make two independent labs")
 @click.option("--templates", "template_dirs", multiple=True, type=click.Path(file_okay=False), help=TEMPLATES_HELP)
-def up(file, sets, name, template_dirs):
+@click.option("--backend", default="netns", show_default=True, metavar="NAME",
+              help="what builds the nodes: " + ", ".join(backends.names()))
+def up(file, sets, name, template_dirs, backend):
     """Build a lab: namespaces, veth links, addresses, ECMP routes and shaping.
 
-    Every node becomes a namespace <lab>-<node>, so plain `ip netns exec <lab>-<node> ...` works
-    too. If anything fails half-way, what was made is removed again.
+    Every node's network namespace is <lab>-<node>, whatever backend built it, so plain
+    `ip netns exec <lab>-<node> ...` works too. If anything fails half-way, what was made is
+    removed again.
 
     \b
     Example:
@@ -26,7 +30,7 @@ def up(file, sets, name, template_dirs):
       sudo labctl up topologies/leaf-spine.yml --name ls2 --set spines=4
     """
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-    from labctl import lab as labmod
+    from labctl import lifecycle as labmod
     from labctl.units import format_rate
 
     with Progress(TextColumn("{task.description:<12}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -38,7 +42,7 @@ def up(file, sets, name, template_dirs):
                 tasks[stage] = bar.add_task(stage, total=total)
             bar.update(tasks[stage], completed=done)
 
-        p, lab, elapsed = labmod.up(file, sets, name, template_dirs, progress=progress)
+        p, lab, elapsed = labmod.up(file, sets, name, template_dirs, backend=backend, progress=progress)
     kinds: dict[str, int] = {}
     for n in p.nodes:
         kinds[n.kind] = kinds.get(n.kind, 0) + 1
@@ -54,7 +58,8 @@ def up(file, sets, name, template_dirs):
     t.add_row("link rates in the lab", ", ".join(format_rate(r) for r in rates) + f"  (dilation {p.dilation:g})")
     t.add_row("lab record", str(lab.path))
     out.print(t)
-    first = next((n for n in p.nodes if n.kind == "gpu"), p.nodes[0])
+    from labctl.kinds import node_kind
+    first = next((n for n in p.nodes if node_kind(n.kind).holds_rank), p.nodes[0])
     out.print(f"next: labctl status {p.lab} | labctl exec {first.name} -- ip route | labctl down {p.lab}",
               highlight=False)
 
@@ -71,7 +76,7 @@ def down(lab):
     Example:
       sudo labctl down ls
     """
-    from labctl import lab as labmod
+    from labctl import lifecycle as labmod
     removed = labmod.down(lab)
     out.print(f"lab {lab}: removed {len(removed)} namespaces", highlight=False)
 
@@ -118,7 +123,7 @@ def clean(everything):
       sudo labctl clean
       sudo labctl clean --all   # every lab labctl knows about
     """
-    from labctl import lab as labmod
+    from labctl import lifecycle as labmod
     results = labmod.clean(everything)
     if not results:
         out.print("nothing to clean")

@@ -1,4 +1,4 @@
-"""Commands that need no root: render, plan, graph, templates."""
+"""Commands that need no root: render, plan, export (and graph), templates."""
 from __future__ import annotations
 
 import json
@@ -53,7 +53,7 @@ def plan(file, sets, name, template_dirs, as_json):
         t.add_column(col)
     for n in p.nodes:
         t.add_row(n.name, n.kind, n.namespace, ", ".join(i.name for i in n.interfaces),
-                  ", ".join([i.address for i in n.interfaces] + ([n.loopback] if n.loopback else [])),
+                  ", ".join([i.address for i in n.interfaces if i.address] + ([n.loopback] if n.loopback else [])),
                   str(len(n.routes)))
     out.print(t)
     lt = Table(title="links")
@@ -64,20 +64,46 @@ def plan(file, sets, name, template_dirs, as_json):
     out.print(lt)
 
 
+def _export_options(f):
+    f = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help=SET_HELP)(f)
+    return click.argument("source", metavar="FILE|LAB")(f)
+
+
 @cli.command()
-@click.argument("source", metavar="FILE|LAB")
+@click.option("--format", "fmt", default="dot", show_default=True, metavar="FORMAT",
+              help="dot, mermaid or json (`labctl export --help` lists them)")
+@_export_options
+def export(source, fmt, sets):
+    """Write a lab out for another tool: a topology file, or a running lab's record.
+
+    \b
+    Formats:
+      dot       Graphviz: labctl export FILE | dot -Tpng > lab.png
+      mermaid   for a Markdown ```mermaid block
+      json      the whole plan (as `labctl plan --json`)
+
+    \b
+    Example:
+      labctl export topologies/leaf-spine.yml --format mermaid
+      labctl export ls --format json > ls.plan.json
+    """
+    from labctl import exports
+    click.echo(exports.export(exports.plan_of(source, sets), fmt), nl=False)
+
+
+@cli.command()
 @click.option("--format", "fmt", type=click.Choice(["dot", "mermaid"]), default="dot", show_default=True)
-@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help=SET_HELP)
+@_export_options
 def graph(source, fmt, sets):
-    """Draw a lab as Graphviz dot or Mermaid (from a topology file, or a running lab's record).
+    """Draw a lab as Graphviz dot or Mermaid (the same as `labctl export --format dot|mermaid`).
 
     \b
     Example:
       labctl graph topologies/leaf-spine.yml | dot -Tpng > fabric.png
       labctl graph ls --format mermaid
     """
-    from labctl import graph as graphmod
-    click.echo(graphmod.render_graph(graphmod.plan_from(source, sets), fmt), nl=False)
+    from labctl import exports
+    click.echo(exports.export(exports.plan_of(source, sets), fmt), nl=False)
 
 
 @cli.command()

@@ -9,25 +9,18 @@ from rich.live import Live
 from rich.table import Table
 
 from labctl.cli.base import cli, out
-from labctl.errors import LabError
-from labctl.units import format_rate, parse_rate
+from labctl.units import format_rate
 
 
 def _target(spec: str, lab_name: str | None, need_iface: bool):
-    from labctl import lab as labmod
+    """(lab, plan, node, port name or None) of NODE[:PORT] in the lab."""
+    from labctl import lifecycle as labmod
+    from labctl.lifecycle import targets
     labmod.require_root("labctl tc/link/counters")
-    plan = labmod.load_plan(labmod.default_lab(lab_name))
-    node_name, _, iface = spec.partition(":")
-    try:
-        node = plan.node(node_name)
-    except KeyError:
-        raise LabError(f"lab {plan.lab!r} has no node {node_name!r}", f"`labctl status {plan.lab}` lists them")
-    if need_iface and not iface:
-        raise LabError(f"{spec!r} names no port", f"write NODE:PORT, e.g. {node_name}:{node.interfaces[0].name}")
-    if iface and iface not in {i.name for i in node.interfaces}:
-        raise LabError(f"{node_name} has no port {iface!r}",
-                       f"its ports: {', '.join(i.name for i in node.interfaces)}")
-    return plan, node, iface or None
+    lab = labmod.default_lab(lab_name)
+    plan = labmod.load_plan(lab)
+    node, iface = targets.port(plan, spec, need_port=need_iface)
+    return lab, plan, node, iface.name if iface else None
 
 
 def _queue_table(rows: list[dict], title: str) -> Table:
@@ -65,14 +58,13 @@ def tc_show(target, lab_name, as_json):
       sudo labctl tc show leaf1
       sudo labctl tc show leaf1:spine1 --json
     """
-    from labctl import lab as labmod
     from labctl.dataplane import control
-    from labctl.dataplane.queues import add_pfc, node_queues
-    plan, node, iface = _target(target, lab_name, need_iface=False)
-    lab_path = labmod.default_lab(lab_name or plan.lab).path
-    rows = node_queues(plan, node, iface, control.load(lab_path)["ports"])
+    from labctl.telemetry.queues import add_pfc, node_queues
+    lab, plan, node, iface = _target(target, lab_name, need_iface=False)
+    lab_path = lab.path
+    rows = node_queues(plan, node, iface, control.settings_in_force(plan, lab_path))
     add_pfc(rows, lab_path)
-    from labctl.dataplane import reaction
+    from labctl.telemetry import reaction
     react = reaction.summary(reaction.read(lab_path), plan.pfc_response_s)
     if as_json:
         click.echo(json.dumps({"ecn": vars(plan.ecn), "controller_reaction": react, "queues": rows}, indent=1))
@@ -110,41 +102,17 @@ def tc_set(target, rate, class_name, ecn, kmin, kmax, pmax, pfc, xoff, xon, lab_
       sudo labctl tc set leaf1 --pfc off              # the lossy alternative: incast now drops
       sudo labctl tc set leaf1:srv1-gpu0 --kmin 100KB --kmax 400KB --pmax 0.5
     """
-    from labctl import lab as labmod
-    from labctl.dataplane.tcset import set_port_rate
-    from labctl.units import parse_size
-    plan, node, iface = _target(target, lab_name, need_iface=rate is not None)
-    changes = {}
-    for name, value, parse in (("kmin", kmin, parse_size), ("kmax", kmax, parse_size), ("xoff", xoff, parse_size),
-                               ("xon", xon, parse_size), ("pmax", pmax, float)):
-        if value is not None:
-            try:
-                changes[name] = parse(value)
-            except ValueError as exc:
-                raise LabError(f"--{name}: {exc}") from None
-    if ecn:
-        changes["ecn"] = ecn == "on"
-    if pfc:
-        changes["pfc"] = pfc == "on"
-    if rate is None and not changes:
-        raise LabError("nothing to change", "give --rate, --ecn, --kmin/--kmax/--pmax, --pfc or --xoff/--xon")
-    if rate is not None:
-        try:
-            bps = parse_rate(rate)
-        except ValueError as exc:
-            raise LabError(f"--rate: {exc}") from None
-        set_port_rate(node, node.iface(iface), bps)
+    from labctl import lifecycle as labmod
+    lab, plan, node, iface = _target(target, lab_name, need_iface=rate is not None)
+    settings = {"ecn": ecn, "kmin": kmin, "kmax": kmax, "pmax": pmax, "pfc": pfc, "xoff": xoff, "xon": xon}
+    bps, count = labmod.tc_set(lab, plan, node, iface, class_name, rate, **settings)
+    if bps is not None:
         out.print(f"{node.name}:{iface} now shaped to {format_rate(bps)} "
                   f"({format_rate(bps * plan.dilation)} on the real fabric)", highlight=False)
-    if changes:
-        _send_control(labmod.default_lab(lab_name or plan.lab).path, plan, node, iface, class_name, changes)
-
-
-def _send_control(lab_path, plan, node, iface, class_name, changes: dict) -> None:
-    from labctl.dataplane import control
-    count = control.apply(lab_path, plan, node, iface, class_name, changes)
-    out.print(f"applied {', '.join(f'{k}={v}' for k, v in changes.items())} to {count} port class(es) "
-              f"on {node.name}{':' + iface if iface else ''}", highlight=False)
+    given = {k: v for k, v in settings.items() if v is not None}
+    if given:
+        out.print(f"applied {', '.join(f'{k}={v}' for k, v in given.items())} to {count} port class(es) "
+                  f"on {node.name}{':' + iface if iface else ''}", highlight=False)
 
 
 @cli.command()
@@ -160,9 +128,9 @@ def link(state, target, lab_name):
       sudo labctl route srv1-gpu0 srv2-gpu1 --sport 49152   # now only via spine2
       sudo labctl link up leaf1:spine1
     """
-    from labctl import lab as labmod
-    plan, node, iface = _target(target, lab_name, need_iface=True)
-    changed = labmod.set_link_state(labmod.default_lab(lab_name or plan.lab), plan, node, iface, state == "up")
+    from labctl import lifecycle as labmod
+    lab, plan, node, iface = _target(target, lab_name, need_iface=True)
+    changed = labmod.set_link_state(lab, plan, node, iface, state == "up")
     port = node.iface(iface)
     out.print(f"link {node.name}:{iface} -- {port.peer_node}:{port.peer_iface} is {state}; "
               f"{changed} routes changed as the fabric reconverged", highlight=False)
@@ -188,8 +156,8 @@ def counters(lab, as_json, watch, busy, losses):
       sudo labctl counters ls --watch
       sudo labctl counters ls --losses --json
     """
-    from labctl import lab as labmod
-    from labctl.dataplane.queues import lab_queues
+    from labctl import lifecycle as labmod
+    from labctl.telemetry.queues import lab_queues
     labmod.require_root("labctl counters")
     lab_dir = labmod.default_lab(lab)
     plan = labmod.load_plan(lab_dir)
@@ -212,8 +180,10 @@ def counters(lab, as_json, watch, busy, losses):
         out.print(t if led["places"] else f"lab {plan.lab}: nothing lost anywhere since it came up", highlight=False)
         return
 
+    from labctl.dataplane import control
+
     def rows():
-        got = lab_queues(plan, lab_dir.path)
+        got = lab_queues(plan, lab_dir.path, control.settings_in_force(plan, lab_dir.path))
         return [r for r in got if r["sent_packets"] or r["drops"] or r.get("pfc_tx") or r.get("pfc_rx")] \
             if busy else got
 

@@ -32,11 +32,11 @@ def run(workload, lab_name, out_dir, as_json):
       sudo labctl run experiments/                      # every bundled experiment
     """
     from pathlib import Path
-    from labctl.experiment.runner import is_experiment
+    from labctl.experiment.run import is_experiment
     if is_experiment(Path(workload)):
         _run_experiments(Path(workload), out_dir, as_json)
         return
-    from labctl import lab as labmod
+    from labctl import lifecycle as labmod
     from labctl.traffic import report
     from labctl.traffic.run import default_run_dir, new_run_dir, run_workload
     from labctl.traffic.workload import load_workload
@@ -66,9 +66,9 @@ def run(workload, lab_name, out_dir, as_json):
 def _run_experiments(target, out_dir, as_json) -> None:
     import time
     from pathlib import Path
-    from labctl import lab as labmod
+    from labctl import lifecycle as labmod
     from labctl.experiment.report import answer
-    from labctl.experiment.runner import experiment_files, prepare, run_experiment
+    from labctl.experiment.run import experiment_files, prepare, run_experiment
     files = experiment_files(target)
     base = Path(out_dir) if out_dir else Path("runs")
     outs = {f: (base if out_dir and len(files) == 1 else base / f"{time.strftime('%Y%m%d-%H%M%S')}-{f.stem}")

@@ -128,11 +128,17 @@ class PortSettings:
 
 def settings_for(plan, node, iface, cls, overrides: dict) -> PortSettings:
     e = plan.ecn
-    s = PortSettings(ecn=cls.ecn and node.forwarding, pfc=cls.lossless, kmin=e.kmin, kmax=e.kmax, pmax=e.pmax,
+    s = PortSettings(ecn=cls.ecn and node.switching, pfc=cls.lossless, kmin=e.kmin, kmax=e.kmax, pmax=e.pmax,
                      xoff=cls.xoff_bytes, xon=cls.xon_bytes)
     for name, value in overrides.get(key(node.name, iface.name, cls.tc), {}).items():
         setattr(s, name, SETTINGS[name](value))
     return s
+
+
+def settings_in_force(plan, lab_path: Path):
+    """settings(node, iface, cls) as the controller applies them now: the plan's, with control.json's changes."""
+    overrides = load(lab_path)["ports"]
+    return lambda node, iface, cls: settings_for(plan, node, iface, cls, overrides)
 
 
 def wait_applied(lab_path: Path, generation: int, timeout: float = 2.0) -> bool:
@@ -165,7 +171,7 @@ def apply(lab_path: Path, plan, node, iface: str | None, class_name: str | None,
             if class_name and c.name != class_name:
                 continue
             wanted = {k: v for k, v in changes.items()
-                      if (k in ECN_KEYS and c.ecn and node.forwarding) or (k in PFC_KEYS and c.lossless)}
+                      if (k in ECN_KEYS and c.ecn and node.switching) or (k in PFC_KEYS and c.lossless)}
             if not wanted:
                 continue
             st = settings_for(plan, node, i, c, overrides)

@@ -14,7 +14,6 @@ itself touches no file: publisher.py does, on a thread of its own.
 """
 from __future__ import annotations
 
-import gc
 import select
 import sys
 import time
@@ -22,9 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from labctl.backends import nsutil, rtnl
-from labctl.dataplane import control, ecn, feeders, pfc, pfcport, qdepth, qos, reaction
-from labctl.dataplane.publisher import Publisher
-from labctl.dataplane.nft import Nft
+from labctl.dataplane import control, ecn, pfc, pfcport
+from labctl.plan import feeders, qos
+from labctl.telemetry import qdepth, reaction
+from labctl.telemetry.nftcounters import family_of as nft_family
+from labctl import helpers
+from labctl.helpers import Publisher
+from labctl.backends.nft import Nft
 from labctl.plan.model import LabPlan, Node
 
 FAST, IDLE = 0.001, 0.01
@@ -44,6 +47,7 @@ class Switch:
     feeders: dict = field(default_factory=dict)   # egress port -> ingress ports that feed it
     asserting: bool = False                       # some port is pausing its neighbour
     polls: int = 0
+    family: str = "ip"                            # where its nftables rules live
 
 
 class Controller:
@@ -68,15 +72,15 @@ class Controller:
         for node in plan.nodes:
             lossless = [(i, c) for i in node.interfaces for c in i.shaping.classes if c.lossless]
             ports = [(i.index, c.tc, qos.class_minor(c.tc)) for i in node.interfaces for c in i.shaping.classes
-                     if c.ecn] if node.forwarding else []
+                     if c.ecn] if node.switching else []
             if not ports and not lossless:
                 continue
             with nsutil.entered(node.namespace):
                 sock = rtnl.open_socket()
             sw = Switch(node, sock, Nft(node.namespace) if ports else None,
-                        feeders=feeders.feeders(plan, node) if node.forwarding else {})
+                        feeders=feeders.feeders(plan, node) if node.switching else {}, family=nft_family(node))
             if ports:
-                sw.nft.run(ecn.setup_rules(ports))
+                sw.nft.run(ecn.setup_rules(ports, nft_family(node)))
             for i in node.interfaces:
                 for c in i.shaping.classes:
                     self.classes[(node.name, i.index, c.tc)] = (node, i, c)
@@ -88,7 +92,7 @@ class Controller:
                                     self._settings({}, node.name, i.index, c.tc))
                 sw.pfc[(i.index, qos.leaf_handle(c.tc) >> 16)] = port
                 self.pfc_ports.append(port)
-            sw.wanted = set(sw.ecn_ports) | (set(sw.pfc) if node.forwarding else set())
+            sw.wanted = set(sw.ecn_ports) | (set(sw.pfc) if node.switching else set())
             sw.request = qdepth.get_requests(sw.wanted)
             self.nodes.append(sw)
             self.pfc_by_fd.update({p.fileno(): p for p in sw.pfc.values()})
@@ -133,17 +137,17 @@ class Controller:
         now = time.monotonic()
         congested: set[str] = set()      # egress ports whose lossless queue is past XOFF
         backlogs = qdepth.backlogs_get(sw.sock, sw.request) if sw.wanted else {}
-        shared = self.plan.shared_buffer if sw.node.forwarding else None
+        shared = self.plan.shared_buffer if sw.node.switching else None
         used = sum(backlogs.get(key, 0) for key in sw.pfc) if shared else 0
         for key, backlog in backlogs.items():
             busy = busy or backlog > 0
             marking = sw.ecn_ports.get(key)
             if marking is not None:
                 tc, st = marking
-                n = ecn.threshold(ecn.probability(backlog, st.kmin, st.kmax, st.pmax)) \
+                n = ecn.threshold(qos.marking_probability(backlog, st.kmin, st.kmax, st.pmax)) \
                     if st.ecn and backlog >= st.kmin else 0
                 if n != sw.marking[(key[0], tc)]:
-                    sw.nft.run(ecn.chain_rules(key[0], tc, n))
+                    sw.nft.run(ecn.chain_rules(key[0], tc, n, sw.family))
                     sw.marking[(key[0], tc)] = n
             port = sw.pfc.get(key)
             if port is not None and port.settings.pfc:
@@ -157,7 +161,7 @@ class Controller:
                     port.over_xoff = False
                 if port.over_xoff:
                     congested.add(port.iface.name)
-        if sw.node.forwarding and sw.pfc:
+        if sw.node.switching and sw.pfc:
             self._assert_pfc(sw, congested, now)
         sw.polls += 1
         return busy
@@ -238,19 +242,12 @@ class Controller:
 
 
 def needed(plan: LabPlan) -> bool:
-    return any((c.ecn and n.forwarding) or c.lossless for n in plan.nodes for i in n.interfaces
+    return any((c.ecn and n.switching) or c.lossless for n in plan.nodes for i in n.interfaces
                for c in i.shaping.classes)
 
 
 def main() -> None:
-    lab_dir = Path(sys.argv[1])
-    plan = LabPlan.from_lab_dir(lab_dir)
-    ctl = Controller(plan, lab_dir)
-    # a full collection would walk everything the setup allocated, in the middle of an incast
-    gc.collect()
-    gc.freeze()
-    print("ready", flush=True)
-    ctl.run()
+    helpers.serve(Controller)
 
 
 if __name__ == "__main__":

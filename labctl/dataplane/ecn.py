@@ -6,15 +6,9 @@ in a per-(port, class) chain that the controller rewrites when N changes.
 """
 from __future__ import annotations
 
+from labctl.plan.qos import ce_counter_name as counter_name
+
 SCALE = 65536
-
-
-def probability(depth: int, kmin: int, kmax: int, pmax: float) -> float:
-    if depth < kmin:
-        return 0.0
-    if depth > kmax:
-        return 1.0
-    return pmax * (depth - kmin) / (kmax - kmin)
 
 
 def threshold(p: float, steps: int = 1024) -> int:
@@ -26,30 +20,26 @@ def chain_name(ifindex: int, tc: int) -> str:
     return f"ecn_{ifindex}_{tc}"
 
 
-def counter_name(ifindex: int, tc: int) -> str:
-    """The named nft counter of the packets this port's class marked CE (read by nftcounters)."""
-    return f"ce_{ifindex}_{tc}"
-
-
-def chain_rules(ifindex: int, tc: int, n: int) -> str:
-    """The nftables commands that set a port's class to mark with probability n/65536."""
+def chain_rules(ifindex: int, tc: int, n: int, family: str = "ip") -> str:
+    """The nftables commands that set a port's class to mark with probability n/65536 (family ip on a
+    router, bridge on an L2 switch: where backends/nft.py put the classify chain)."""
     chain = chain_name(ifindex, tc)
     count = f'counter name "{counter_name(ifindex, tc)}"'
-    cmds = [f"flush chain ip labctl {chain}"]
+    cmds = [f"flush chain {family} labctl {chain}"]
     if n >= SCALE:
-        cmds.append(f"add rule ip labctl {chain} ip ecn {{ ect0, ect1 }} ip ecn set ce {count}")
+        cmds.append(f"add rule {family} labctl {chain} ip ecn {{ ect0, ect1 }} ip ecn set ce {count}")
     elif n > 0:
-        cmds.append(f"add rule ip labctl {chain} ip ecn {{ ect0, ect1 }} numgen random mod {SCALE} < {n} "
+        cmds.append(f"add rule {family} labctl {chain} ip ecn {{ ect0, ect1 }} numgen random mod {SCALE} < {n} "
                     f"ip ecn set ce {count}")
     return "\n".join(cmds) + "\n"
 
 
-def setup_rules(ports: list[tuple[int, int, int]]) -> str:
+def setup_rules(ports: list[tuple[int, int, int]], family: str = "ip") -> str:
     """Chains for (ifindex, tc, class minor) triples, jumped to from the classify chain by oif and class."""
     cmds = []
     for ifindex, tc, minor in ports:
         chain = chain_name(ifindex, tc)
-        cmds.append(f"add counter ip labctl {counter_name(ifindex, tc)}")
-        cmds.append(f"add chain ip labctl {chain}")
-        cmds.append(f"add rule ip labctl classify oif {ifindex} meta priority 1:{minor:x} jump {chain}")
+        cmds.append(f"add counter {family} labctl {counter_name(ifindex, tc)}")
+        cmds.append(f"add chain {family} labctl {chain}")
+        cmds.append(f"add rule {family} labctl classify oif {ifindex} meta priority 1:{minor:x} jump {chain}")
     return "\n".join(cmds) + "\n"

@@ -13,7 +13,8 @@ import socket
 import struct
 
 from labctl.backends import nsutil, rtnl
-from labctl.dataplane import pfc, qos
+from labctl.dataplane import pfc
+from labctl.plan import qos
 from labctl.plan.model import ClassPlan, Interface, Node
 
 PACKET_QDISC_BYPASS = 20

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from statistics import mean
 
+from labctl.kinds import fabric_kind
 from labctl.plan.model import LabPlan
 
 
@@ -36,7 +37,7 @@ def uplink_imbalance(plan: LabPlan, deltas: dict) -> float:
         if not node.forwarding or all(plan.node(i.peer_node).forwarding for i in node.interfaces):
             continue                      # only switches with hosts below them (leaves)
         ups = [i.name for i in node.interfaces if plan.node(i.peer_node).forwarding
-               and plan.fabrics[i.fabric].kind == "scale-out"]
+               and fabric_kind(plan.fabrics[i.fabric].kind).leaf_spine]
         sent = [sum(d["sent_bytes"] for k, d in deltas.items() if k[0] == node.name and k[1] == u) for u in ups]
         if len(sent) > 1 and sum(sent) > 1_000_000:
             worst = max(worst, max(sent) / mean(sent))

@@ -11,6 +11,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from labctl.kinds import fabric_kind
 from labctl.plan.model import LabPlan  # noqa: E402
 
 Series = dict[str, tuple[list[float], list[float]]]
@@ -97,7 +98,7 @@ def ecmp_balance(run_dir: Path, plan: LabPlan, path: Path) -> Series:
         if not node.forwarding or all(plan.node(i.peer_node).forwarding for i in node.interfaces):
             continue
         for i in node.interfaces:
-            if plan.node(i.peer_node).forwarding and plan.fabrics[i.fabric].kind == "scale-out":
+            if plan.node(i.peer_node).forwarding and fabric_kind(plan.fabrics[i.fabric].kind).leaf_spine:
                 sent = sum(float(rs[-1]["sent_bytes"]) - float(rs[0]["sent_bytes"])
                            for k, rs in rows.items() if k[0] == node.name and k[1] == i.name)
                 bars[f"{node.name}→{i.name}"] = sent / 1e6

@@ -28,7 +28,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from labctl.errors import InputError
 from labctl.paths import is_file
-from labctl.topology.load import _input_error
+from labctl.topology.load import input_error
 from labctl.topology.yamlpos import load_yaml_file
 from labctl.units import parse_duration_ns
 
@@ -140,7 +140,7 @@ def load_experiment(path: Path) -> tuple[Experiment, str, object]:
     try:
         exp = Experiment.model_validate(data)
     except ValidationError as exc:
-        raise _input_error(exc, smap, Experiment) from None
+        raise input_error(exc, smap, Experiment) from None
     _check(exp, path, smap)
     return exp, text, smap
 

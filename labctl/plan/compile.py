@@ -1,17 +1,22 @@
-"""Topology → LabPlan. Deterministic: the same file always gives the same plan (golden-tested)."""
+"""Topology → LabPlan, in named passes. Deterministic: the same file always gives the same plan.
+
+Each pass reads what the earlier ones made and adds its part (a new feature adds a pass, not a
+branch in a long function):
+
+    pools → nodes → ranks → loopbacks → segments → links → shaping → wires → routes
+"""
 from __future__ import annotations
 
 import ipaddress
+from dataclasses import dataclass, field
 
+from labctl import names
 from labctl.errors import InputError
-from labctl.dataplane import qos
-from labctl.plan import model, naming, routing
-from labctl.topology.check import link_fabric, node_fabric, routing_domain
+from labctl.kinds import fabric_kind, node_kind
+from labctl.plan import model, qos, routing
+from labctl.plan.sysctls import node_sysctls
+from labctl.topology.fabrics import l2_segments, link_fabric, node_fabric
 from labctl.topology.load import Loaded
-from labctl.topology.schema import ROUTER_KINDS, Topology
-
-ETH_HEADER = 14
-
 
 FIBRE_NS_PER_KM = 4900       # light in fibre: ~4.9 us per km (docs/design.md §6)
 ESP_ROOM = 64                # outer IPv4 20 + ESP 8 + IV 8 + pad ≤ 3 + 2 + ICV 16, rounded up
@@ -32,38 +37,6 @@ def default_pools(index: int) -> tuple[str, str]:
     return f"10.{index}.0.0/16", f"10.{100 + index}.0.0/24"
 
 
-# The 5-tuple a switch hashes: source and destination address, protocol, source and destination port.
-HASH_FIELDS_5_TUPLE = 0x01 | 0x02 | 0x04 | 0x10 | 0x20
-
-
-def multipath_hash_sysctls(policy: int, seed: int) -> dict[str, str]:
-    """ECMP as a switch does it. L4 is the kernel's custom policy (3) over the 5-tuple, not policy 1:
-    policy 1 reuses a locally sent TCP packet's socket hash, which is random per connection and
-    survives the veth into the leaf, so the same TCP 5-tuple took a different spine on every
-    connection. On kernels older than 5.12 (no policy 3) the backend falls back to policy 1."""
-    out = {"net.ipv4.fib_multipath_hash_policy": "3" if policy == 1 else "0"}
-    if policy == 1:
-        out["net.ipv4.fib_multipath_hash_fields"] = str(HASH_FIELDS_5_TUPLE)
-    out["net.ipv4.fib_multipath_hash_seed"] = str(seed)
-    return out
-
-
-# Lab time from a queue passing XOFF to its feeders stopped: the controller's worst-case reaction,
-# measured here (dataplane/reaction.py), with a margin of 2. Behind two CPU-burning processes the
-# worst of 40 bundled incasts was 11 ms (p99 under 8 ms), once the control loop stopped writing
-# files itself and the processes that hold rtnl beside it ran real-time (procs.py).
-PFC_RESPONSE_S = 0.02
-
-
-def headroom(lab_rate_bps: int, feeders: int, lab_delay_ns: int, frame: int) -> int:
-    """Buffer above XOFF for what still arrives once the queue passes it, from every feeding port at
-    once (the switch watches its egress queue, not per-ingress counters): a round trip of the link
-    (the pause travelling out, the last data travelling in) plus the controller's reaction, plus two
-    frames (one may leave a paused port, one may be on the wire)."""
-    seconds = 2 * lab_delay_ns / 1e9 + PFC_RESPONSE_S
-    return int(max(1, feeders) * lab_rate_bps / 8 * seconds) + 2 * frame
-
-
 def link_latency_ns(lk, default_ns: int) -> int:
     """A link's one-way delay: its latency:, else its fibre length at 4.9 us/km, else the default."""
     if lk.latency is not None:
@@ -73,215 +46,196 @@ def link_latency_ns(lk, default_ns: int) -> int:
     return default_ns
 
 
-def bdp_bytes(rate_bps: int, one_way_ns: int) -> int:
-    """Bandwidth x round trip: the buffer a single window-limited flow needs to keep the link full
-    (the same in the lab: rates / D and times x D)."""
-    return int(rate_bps / 8 * 2 * one_way_ns / 1e9)
+class Pool:
+    """Consecutive, aligned blocks of a fabric's prefix: /31 links in file order, a segment's subnet
+    where its first link comes."""
+
+    def __init__(self, net: ipaddress.IPv4Network, fabric: str, smap):
+        self.net, self.fabric, self.smap = net, fabric, smap
+        self.cursor = int(net.network_address)
+
+    def take(self, prefixlen: int) -> ipaddress.IPv4Network:
+        size = 1 << (32 - prefixlen)
+        start = -(-self.cursor // size) * size
+        if start + size > int(self.net.broadcast_address) + 1:
+            raise InputError(self.smap.where(("fabrics", self.fabric, "prefix")),
+                             f"fabric {self.fabric!r} ran out of addresses in its prefix pool",
+                             "give it a larger prefix: (e.g. a /16)")
+        self.cursor = start + size
+        return ipaddress.ip_network((start, prefixlen))
 
 
-def shaping_for(lab_rate_bps: int, mtu: int, buffer_bytes: int, classes=(), lossless_fabric: bool = False,
-                feeders: int = 1, lab_delay_ns: int = 0, pfc_quanta: int = 0xFFFF,
-                class_buffer: int | None = None, credit_based: bool = False) -> model.Shaping:
-    """`class_buffer` gives every class that buffer (a WAN link's deep buffer) instead of its own.
-    `credit_based` (NVLink): a lossless class's buffer grows to hold its whole headroom above XOFF,
-    as a credit loop is sized to the link, where Ethernet PFC caps the headroom at half the buffer."""
-    frame = mtu + ETH_HEADER
-    burst = max(lab_rate_bps // 8 // 1000, 2 * frame)
-    specs = [c.model_dump() for c in classes]
-    if class_buffer:
-        for c in specs:
-            c["buffer"] = class_buffer
-    plans: list[model.ClassPlan] = []
-    for c, rate in zip(specs, qos.class_rates(specs, lab_rate_bps)):
-        lossless = c["lossless"] and lossless_fabric
-        room = c["headroom"] or headroom(lab_rate_bps, feeders, lab_delay_ns, frame)
-        if lossless and credit_based:
-            c["buffer"] = max(c["buffer"], c["buffer"] // 2 + room)
-        xoff = max(2 * frame, c["buffer"] - min(room, c["buffer"] // 2)) if lossless else 0
-        plans.append(model.ClassPlan(name=c["name"], tc=c["tc"], dscp=list(c["dscp"]), rate_bps=rate,
-                                     prio=0 if c["strict"] else 1, buffer_bytes=c["buffer"], lossless=lossless,
-                                     ecn=c["ecn"], xoff_bytes=xoff, xon_bytes=max(0, xoff - 2 * frame)
-                                     if lossless else 0, pfc_quanta=pfc_quanta))
-    return model.Shaping(rate_bps=lab_rate_bps, burst_bytes=burst, quantum=frame, buffer_bytes=buffer_bytes,
-                         classes=plans)
+@dataclass
+class Build:
+    """What the passes share: the validated lab, and the plan as far as it is made."""
+    loaded: Loaded
+    fabrics: dict[str, model.FabricPlan] = field(default_factory=dict)
+    pools: dict[str, Pool] = field(default_factory=dict)
+    loopback_pools: dict[str, ipaddress.IPv4Network] = field(default_factory=dict)
+    nodes: dict[str, model.Node] = field(default_factory=dict)
+    segments: list[model.Segment] = field(default_factory=list)
+    segment_of: dict[int, model.Segment] = field(default_factory=dict)     # link id -> its segment
+    ends: list[tuple] = field(default_factory=list)                         # (a, ia, b, ib) per link
+    links: list[model.Link] = field(default_factory=list)
+
+    @property
+    def topo(self):
+        return self.loaded.topology
+
+    @property
+    def smap(self):
+        return self.loaded.source
 
 
-def node_sysctls(topo: Topology, forwarding: bool) -> dict[str, str]:
-    return {
-        # IPv6 off: no router solicitations, DAD or MLD reports in the captures of an IPv4 fabric
-        "net.ipv6.conf.all.disable_ipv6": "1",
-        "net.ipv6.conf.default.disable_ipv6": "1",
-        "net.ipv4.ip_forward": "1" if forwarding else "0",
-        # ECMP paths are asymmetric on purpose: reverse-path filtering would drop replies
-        "net.ipv4.conf.all.rp_filter": "0",
-        "net.ipv4.conf.default.rp_filter": "0",
-        **multipath_hash_sysctls(topo.routing.hash_policy, topo.routing.hash_seed),
-        "net.ipv4.conf.all.send_redirects": "0",
-        "net.ipv4.conf.all.accept_redirects": "0",
-        # a port that is down takes its ECMP next-hops with it (as a switch's routing would)
-        "net.ipv4.conf.all.ignore_routes_with_linkdown": "1",
-        "net.ipv4.conf.default.ignore_routes_with_linkdown": "1",
-        # traceroute and ping across many hops must not be rate limited
-        "net.ipv4.icmp_ratelimit": "0",
-    }
-
-
-def compile_plan(loaded: Loaded) -> model.LabPlan:
-    topo, smap = loaded.topology, loaded.source
-    fabrics: dict[str, model.FabricPlan] = {}
-    pools: dict[str, tuple[ipaddress.IPv4Network, ipaddress.IPv4Network]] = {}
-    for i, (name, f) in enumerate(topo.fabrics.items(), start=1):
+def pools(b: Build) -> None:
+    """Each fabric's address pools (given, or 10.N.0.0/16 and 10.(100+N).0.0/24), which must not overlap."""
+    seen: dict[str, tuple] = {}
+    for i, (name, f) in enumerate(b.topo.fabrics.items(), start=1):
         p2p, lo = default_pools(i)
         prefix = f.prefix or ipaddress.ip_network(p2p)
         loopbacks = f.loopbacks or ipaddress.ip_network(lo)
-        for other, (op, ol) in pools.items():
-            for mine in (prefix, loopbacks):
-                if mine.overlaps(op) or mine.overlaps(ol):
-                    raise InputError(smap.where(("fabrics", name)),
-                                     f"the address pools of fabrics {other!r} and {name!r} overlap",
-                                     "give each fabric its own prefix: and loopbacks:")
-        pools[name] = (prefix, loopbacks)
-        # NVLink (scale-up) never drops: it has credit-based link-level flow control, modelled as a
-        # hop-by-hop pause of every RoCE class on it, independent of the Ethernet fabric's PFC
-        lossless = f.lossless if f.lossless is not None else f.kind in ("scale-out", "scale-up")
-        fabrics[name] = model.FabricPlan(f.kind, lossless, str(prefix), str(loopbacks))
-
-    nodes: dict[str, model.Node] = {}
-    for index, (name, n) in enumerate(topo.nodes.items()):
-        forwarding = n.kind in ROUTER_KINDS
-        nodes[name] = model.Node(
-            name=name, kind=n.kind, namespace=naming.namespace(topo.name, name), index=index,
-            forwarding=forwarding, fabric=node_fabric(topo, name), server=n.server, rank=n.rank,
-            loopback=None, sysctls=node_sysctls(topo, forwarding), zone=n.zone)
-    _number_ranks(nodes)
-
-    lo_alloc = {f: iter(pools[f][1].hosts()) for f in pools}
-    for node in nodes.values():
-        if node.forwarding:
-            node.loopback = f"{_next(lo_alloc[node.fabric], smap, node.fabric, 'loopbacks')}/32"
-
-    ends = [(*naming.split_endpoint(lk.endpoints[0]), *naming.split_endpoint(lk.endpoints[1]))
-            for lk in topo.links]
-    ifnames = naming.assign_ifnames(ends)
-    subnets = {f: pools[f][0].subnets(new_prefix=31) for f in pools}
-    links = []
-    for i, (lk, (a, _, b, _), (ia, ib)) in enumerate(zip(topo.links, ends, ifnames)):
-        fabric = link_fabric(topo, i)
-        subnet = _next(subnets[fabric], smap, fabric, "prefix")
-        addr_a, addr_b = subnet[0], subnet[1]
-        rate = lk.rate or topo.defaults.rate
-        lab_rate = int(round(rate / topo.dilation))
-        latency = link_latency_ns(lk, topo.defaults.latency)
-        lab_delay = int(round(latency * topo.dilation))
-        mtu = lk.mtu or topo.defaults.mtu
-        buffer = lk.buffer or (max(topo.defaults.buffer, bdp_bytes(rate, latency)) if latency else None)
-        lab_jitter = int(round((lk.jitter or 0) * topo.dilation))
-        wire = None
-        if lab_delay or lk.loss or lab_jitter or lk.encrypt:
-            wire = model.Wire(near=naming.namespace(topo.name, f"wire{i}.a"), far=naming.namespace(topo.name, f"wire{i}.b"),
-                              near_index=link_ifindex(i, 1), far_index=link_ifindex(i, 0), fibre_mtu=mtu + ESP_ROOM)
-        links.append(model.Link(i, f"{a}:{ia}", f"{b}:{ib}", fabric, str(subnet), rate, lab_rate,
-                                latency, lab_delay, mtu, loss=lk.loss, lab_jitter_ns=lab_jitter,
-                                encrypt=lk.encrypt, weight=lk.weight, wire=wire))
-        for end, (node, ifname, mine, peer, peer_if, theirs) in enumerate(((a, ia, addr_a, b, ib, addr_b),
-                                                                            (b, ib, addr_b, a, ia, addr_a))):
-            n = nodes[node]
-            n.interfaces.append(model.Interface(
-                name=ifname, index=link_ifindex(i, end), mac=naming.mac(n.index, len(n.interfaces)),
-                mtu=mtu, address=f"{mine}/31", peer_node=peer, peer_iface=peer_if,
-                peer_address=str(theirs), link=i, fabric=fabric,
-                shaping=shaping_for(lab_rate, mtu, buffer or topo.defaults.buffer, topo.qos.classes,
-                                    fabrics[fabric].lossless and (topo.qos.pfc or fabrics[fabric].kind == "scale-up"),
-                                    feeders=sum(1 for x in ends if node in (x[0], x[2])) - 1,
-                                    credit_based=fabrics[fabric].kind == "scale-up",
-                                    lab_delay_ns=lab_delay, pfc_quanta=topo.qos.pfc_quanta, class_buffer=buffer),
-                delay_ns=lab_delay))
-
-    _add_routes(nodes, links, fabrics)
-    e = topo.qos.ecn
-    return model.LabPlan(topo.name, topo.description.strip(), topo.dilation, loaded.template, fabrics,
-                         list(nodes.values()), links, model.EcnPlan(e.kmin, e.kmax, e.pmax),
-                         model.SharedBuffer(topo.qos.shared_buffer, topo.qos.shared_alpha)
-                         if topo.qos.shared_buffer else None, PFC_RESPONSE_S)
+        for other, (op, ol) in seen.items():
+            if any(mine.overlaps(op) or mine.overlaps(ol) for mine in (prefix, loopbacks)):
+                raise InputError(b.smap.where(("fabrics", name)),
+                                 f"the address pools of fabrics {other!r} and {name!r} overlap",
+                                 "give each fabric its own prefix: and loopbacks:")
+        seen[name] = (prefix, loopbacks)
+        b.pools[name] = Pool(prefix, name, b.smap)
+        b.loopback_pools[name] = loopbacks
+        lossless = f.lossless if f.lossless is not None else fabric_kind(f.kind).lossless
+        b.fabrics[name] = model.FabricPlan(f.kind, lossless, str(prefix), str(loopbacks))
 
 
-def _number_ranks(nodes: dict[str, model.Node]) -> None:
+def nodes(b: Build) -> None:
+    t = b.topo
+    for index, (name, n) in enumerate(t.nodes.items()):
+        kind = node_kind(n.kind)
+        b.nodes[name] = model.Node(
+            name=name, kind=n.kind, namespace=names.namespace(t.name, name), index=index,
+            forwarding=kind.forwards, fabric=node_fabric(t, name), server=n.server, rank=n.rank,
+            loopback=None, sysctls=node_sysctls(t.routing.hash_policy, t.routing.hash_seed, kind.forwards,
+                                                kind.bridges),
+            zone=n.zone, bridged=kind.bridges)
+
+
+def ranks(b: Build) -> None:
     """GPUs without an explicit rank get the lowest free ranks, in file order."""
-    taken = {n.rank for n in nodes.values() if n.rank is not None}
-    free = (r for r in range(len(nodes) + len(taken)) if r not in taken)
-    for n in nodes.values():
-        if n.kind == "gpu" and n.rank is None:
+    taken = {n.rank for n in b.nodes.values() if n.rank is not None}
+    free = (r for r in range(len(b.nodes) + len(taken)) if r not in taken)
+    for n in b.nodes.values():
+        if node_kind(n.kind).holds_rank and n.rank is None:
             n.rank = next(free)
 
 
-def _next(it, smap, fabric, key):
-    try:
-        return next(it)
-    except StopIteration:
-        raise InputError(smap.where(("fabrics", fabric, key)) if smap else None,
-                         f"fabric {fabric!r} ran out of addresses in its {key} pool",
-                         f"give it a larger {key}: (e.g. a /16)") from None
+def loopbacks(b: Build) -> None:
+    hosts = {f: iter(net.hosts()) for f, net in b.loopback_pools.items()}
+    for node in b.nodes.values():
+        if node.forwarding:
+            try:
+                node.loopback = f"{next(hosts[node.fabric])}/32"
+            except StopIteration:
+                raise InputError(b.smap.where(("fabrics", node.fabric, "loopbacks")),
+                                 f"fabric {node.fabric!r} ran out of addresses in its loopbacks pool",
+                                 "give it a larger loopbacks: (e.g. a /24)") from None
+
+
+def segments(b: Build) -> None:
+    """L2 segments: bridges joined by their links (topology/check.py found and checked them)."""
+    b.ends = [(*names.split_endpoint(lk.endpoints[0]), *names.split_endpoint(lk.endpoints[1]))
+              for lk in b.topo.links]
+    for k, (bridges, link_ids) in enumerate(l2_segments(b.topo)):
+        seg = model.Segment(k, link_fabric(b.topo, link_ids[0]), "", sorted(bridges), sorted(link_ids))
+        b.segments.append(seg)
+        b.segment_of.update({i: seg for i in link_ids})
+
+
+def _segment_subnet(b: Build, seg: model.Segment) -> ipaddress.IPv4Network:
+    members = sum(1 for i in seg.links for end in (b.ends[i][0], b.ends[i][2]) if end not in seg.bridges)
+    host_bits = max(2, (members + 1).bit_length())   # room for the members, the network and broadcast
+    return b.pools[seg.fabric].take(32 - host_bits)
+
+
+def links(b: Build) -> None:
+    t = b.topo
+    ifnames = names.assign_ifnames(b.ends)
+    addresses: dict[int, iter] = {}
+    for i, (lk, (a, _, z, _), (ia, iz)) in enumerate(zip(t.links, b.ends, ifnames)):
+        fabric = link_fabric(t, i)
+        seg = b.segment_of.get(i)
+        if seg is None:
+            subnet = b.pools[fabric].take(31)
+            addr = {a: f"{subnet[0]}/31", z: f"{subnet[1]}/31"}
+        else:
+            if not seg.subnet:
+                net = _segment_subnet(b, seg)
+                seg.subnet, addresses[seg.id] = str(net), iter(net.hosts())
+            subnet = ipaddress.ip_network(seg.subnet)
+            addr = {end: ("" if end in seg.bridges else f"{next(addresses[seg.id])}/{subnet.prefixlen}")
+                    for end in (a, z)}
+        rate = lk.rate or t.defaults.rate
+        latency = link_latency_ns(lk, t.defaults.latency)
+        b.links.append(model.Link(i, f"{a}:{ia}", f"{z}:{iz}", fabric, str(subnet), rate,
+                                  int(round(rate / t.dilation)), latency, int(round(latency * t.dilation)),
+                                  lk.mtu or t.defaults.mtu, loss=lk.loss,
+                                  lab_jitter_ns=int(round((lk.jitter or 0) * t.dilation)), encrypt=lk.encrypt,
+                                  weight=lk.weight))
+        link = b.links[-1]
+        for end, (node, ifname, peer, peer_if) in enumerate(((a, ia, z, iz), (z, iz, a, ia))):
+            n = b.nodes[node]
+            n.interfaces.append(model.Interface(
+                name=ifname, index=link_ifindex(i, end), mac=names.mac(n.index, len(n.interfaces)), mtu=link.mtu,
+                address=addr[node], peer_node=peer, peer_iface=peer_if,
+                peer_address=addr[peer].split("/")[0], link=i, fabric=fabric, shaping=None,
+                delay_ns=link.lab_delay_ns))
+
+
+def shaping(b: Build) -> None:
+    """Every port's HTB tree: the link's lab rate, the classes, and each lossless class's XOFF."""
+    t = b.topo
+    degree = {name: len(n.interfaces) for name, n in b.nodes.items()}
+    for node in b.nodes.values():
+        for iface in node.interfaces:
+            link, lk = b.links[iface.link], t.links[iface.link]
+            fabric = b.fabrics[link.fabric]
+            credit = fabric_kind(fabric.kind).credit_based
+            buffer = lk.buffer or (max(t.defaults.buffer, qos.bdp_bytes(link.rate_bps, link.latency_ns))
+                                   if link.latency_ns else None)
+            iface.shaping = qos.shaping_for(
+                link.lab_rate_bps, link.mtu, buffer or t.defaults.buffer, t.qos.classes,
+                fabric.lossless and (t.qos.pfc or credit), feeders=degree[node.name] - 1, credit_based=credit,
+                lab_delay_ns=link.lab_delay_ns, pfc_quanta=t.qos.pfc_quanta, class_buffer=buffer)
+
+
+def wires(b: Build) -> None:
+    """Links with a delay, loss, jitter or encryption go through the WAN line (backends/wires.py)."""
+    t = b.topo
+    for link in b.links:
+        if link.lab_delay_ns or link.loss or link.lab_jitter_ns or link.encrypt:
+            i = link.id
+            link.wire = model.Wire(near=names.namespace(t.name, f"wire{i}.a"), far=names.namespace(t.name, f"wire{i}.b"),
+                                   near_index=link_ifindex(i, 1), far_index=link_ifindex(i, 0),
+                                   fibre_mtu=link.mtu + ESP_ROOM)
+
+
+def routes(b: Build) -> None:
+    routing.add_routes(b.nodes, b.links, b.fabrics, b.segments)
+
+
+PASSES = (("pools", pools), ("nodes", nodes), ("ranks", ranks), ("loopbacks", loopbacks),
+          ("segments", segments), ("links", links), ("shaping", shaping), ("wires", wires), ("routes", routes))
+
+
+def compile_plan(loaded: Loaded) -> model.LabPlan:
+    b = Build(loaded)
+    for _, run_pass in PASSES:
+        run_pass(b)
+    t = b.topo
+    e = t.qos.ecn
+    return model.LabPlan(t.name, t.description.strip(), t.dilation, loaded.template, b.fabrics,
+                         list(b.nodes.values()), b.links, model.EcnPlan(e.kmin, e.kmax, e.pmax),
+                         model.SharedBuffer(t.qos.shared_buffer, t.qos.shared_alpha) if t.qos.shared_buffer else None,
+                         qos.PFC_RESPONSE_S, b.segments)
 
 
 def routes_without(plan: model.LabPlan, down: set[int]) -> dict[str, list[model.Route]]:
-    """Every node's routes as if the links in `down` were cut (what a routing protocol converges to)."""
-    import copy
-    nodes = {n.name: copy.copy(n) for n in plan.nodes}
-    for n in nodes.values():
-        n.routes = []
-    _add_routes(nodes, plan.links, plan.fabrics, down)
-    return {name: n.routes for name, n in nodes.items()}
-
-
-def routing_domains(fabrics: dict[str, model.FabricPlan]) -> dict[str, list[str]]:
-    """Fabrics that route as one network: the scale-out fabrics with the scale-across WAN joining
-    them (when there is one); every other fabric alone."""
-    has_wan = any(f.kind == "scale-across" for f in fabrics.values())
-    out: dict[str, list[str]] = {}
-    for name, f in fabrics.items():
-        key = routing_domain(f.kind, name) if has_wan else name
-        out.setdefault(key, []).append(name)
-    return out
-
-
-def _add_routes(nodes: dict[str, model.Node], links: list[model.Link], fabrics, down: set[int] = frozenset()
-                ) -> None:
-    weights = {lk.id: lk.weight for lk in links}
-    for members in routing_domains(fabrics).values():
-        _add_domain_routes(nodes, links, fabrics, set(members), weights, down)
-
-
-def _add_domain_routes(nodes, links, fabrics, members: set[str], weights: dict[int, int], down) -> None:
-    adj: dict[str, list[routing.Adjacency]] = {}
-    prefixes: dict[str, set[str]] = {}
-    for lk in links:
-        if lk.fabric not in members:
-            continue
-        ends = {lk.a.split(":")[0], lk.b.split(":")[0]}
-        # a link's subnet is reached through the routers at its ends: hosts never forward
-        prefixes[lk.subnet] = {e for e in ends if nodes[e].forwarding} or ends
-    for n in nodes.values():
-        for i in n.interfaces:
-            if i.fabric in members and i.link not in down:
-                adj.setdefault(n.name, []).append(routing.Adjacency(i.name, i.peer_node, i.peer_address,
-                                                                    weights[i.link]))
-        if n.loopback and n.fabric in members:
-            prefixes[n.loopback] = {n.name}
-    routers = {n for n in adj if nodes[n].forwarding}
-    dist = {r: routing.shortest_hops(r, adj, routers) for r in routers}
-    in_order = routing.ordered(prefixes)
-    for name in sorted(adj, key=lambda x: nodes[x].index):
-        if name not in adj:
-            continue
-        node = nodes[name]
-        if node.forwarding:
-            for prefix, hops in routing.router_routes(name, in_order, adj, routers, dist):
-                node.routes.append(model.Route(prefix, [model.NextHop(h.peer_address, h.local_if, h.weight)
-                                                        for h in hops]))
-        else:
-            gateways = [a for a in adj.get(name, []) if a.peer in routers]
-            if gateways:
-                for fabric in sorted(members, key=list(fabrics).index):
-                    for pool in (fabrics[fabric].prefix, fabrics[fabric].loopbacks):
-                        node.routes.append(model.Route(pool, [model.NextHop(g.peer_address, g.local_if, g.weight)
-                                                              for g in gateways]))
+    return routing.routes_without(plan, down)

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 
 @dataclass
 class ClassPlan:
-    """One traffic class on one port: HTB class 1:(0x10+tc) with a bfifo leaf (dataplane/qos.py)."""
+    """One traffic class on one port: HTB class 1:(0x10+tc) with a bfifo leaf (plan/qos.py)."""
     name: str
     tc: int
     dscp: list[int]
@@ -36,10 +36,10 @@ class Interface:
     index: int           # ifindex, fixed so one netlink batch can use it (see compile.link_ifindex)
     mac: str
     mtu: int
-    address: str         # a.b.c.d/31
+    address: str         # a.b.c.d/31 on a point-to-point link, the segment's prefix on a bridge; "" on a bridge's own port
     peer_node: str
     peer_iface: str
-    peer_address: str
+    peer_address: str    # "" when the peer is a bridge (its neighbours are the segment's members)
     link: int            # index into LabPlan.links
     fabric: str
     shaping: Shaping
@@ -74,6 +74,12 @@ class Node:
     interfaces: list[Interface] = field(default_factory=list)
     routes: list[Route] = field(default_factory=list)
     zone: str | None = None
+    bridged: bool = False      # an L2 switch: its ports are one Linux bridge and have no addresses
+
+    @property
+    def switching(self) -> bool:
+        """Forwards between its ports (routed or bridged), so it has egress queues to control."""
+        return self.forwarding or self.bridged
 
     def iface(self, name: str) -> Interface:
         for i in self.interfaces:
@@ -113,6 +119,17 @@ class Link:
 
 
 @dataclass
+class Segment:
+    """An L2 segment: bridge nodes joined by their links, with every port cabled to them. Its member
+    ports (those of non-bridge nodes) share one subnet; the bridges' own ports have no address."""
+    id: int
+    fabric: str
+    subnet: str
+    bridges: list[str]
+    links: list[int]
+
+
+@dataclass
 class FabricPlan:
     kind: str
     lossless: bool
@@ -146,6 +163,7 @@ class LabPlan:
     ecn: EcnPlan = field(default_factory=lambda: EcnPlan(400_000, 1_600_000, 0.2))
     shared_buffer: SharedBuffer | None = None
     pfc_response_s: float = 0.02   # lab time from XOFF to stopped feeders the headroom is sized for
+    segments: list[Segment] = field(default_factory=list)
 
     def node(self, name: str) -> Node:
         for n in self.nodes:
@@ -167,7 +185,7 @@ class LabPlan:
     def from_dict(cls, d: dict) -> "LabPlan":
         """A plan read back from plan.json; ValueError if a namespace in it is not one labctl would
         have named for this lab (every labctl command enters and deletes the namespaces it lists)."""
-        from labctl.plan.naming import valid_lab_name, valid_namespace
+        from labctl.names import valid_lab_name, valid_namespace
         if not valid_lab_name(d.get("lab")):
             raise ValueError(f"plan.json names lab {d.get('lab')!r}, which is not a lab name")
         spaces = [n["namespace"] for n in d["nodes"]] + [lk["wire"][k] for lk in d["links"] if lk.get("wire")
@@ -186,7 +204,7 @@ class LabPlan:
                    [Link(**{**lk, "wire": Wire(**lk["wire"]) if lk.get("wire") else None}) for lk in d["links"]], EcnPlan(**d["ecn"]) if "ecn" in d else EcnPlan(
                        400_000, 1_600_000, 0.2),
                    SharedBuffer(**d["shared_buffer"]) if d.get("shared_buffer") else None,
-                   d.get("pfc_response_s", 0.02))
+                   d.get("pfc_response_s", 0.02), [Segment(**g) for g in d.get("segments", [])])
 
 
 def _plain(obj):

@@ -19,7 +19,8 @@ import json
 from pathlib import Path
 
 from labctl.backends import nsutil, rtnl
-from labctl.dataplane import qdepth, qos
+from labctl.plan import qos
+from labctl.telemetry import qdepth
 from labctl.plan.model import LabPlan
 
 DEVICE_FIELDS = ("rx_dropped", "tx_dropped", "rx_errors", "tx_errors")

@@ -19,19 +19,13 @@ from pathlib import Path
 
 from labctl import procs
 from labctl.backends import nsutil, rtnl
-from labctl.dataplane import ecn, nftcounters, qdepth, qos
+from labctl.plan import qos
+from labctl.telemetry import nftcounters, qdepth
+from labctl.telemetry.nftcounters import family_of as nft_family
 from labctl.plan.model import LabPlan
 
 COLUMNS = ("t_s", "node", "port", "class", "tc", "depth_bytes", "sent_bytes", "sent_packets", "drops",
            "ecn_marked", "pfc_tx", "pfc_rx", "paused_s")
-
-
-def read_marks(sock) -> dict[str, int]:
-    """CE-marked packets per nft counter name; {} where the node marks nothing (no labctl table)."""
-    try:
-        return {name: packets for name, (packets, _) in nftcounters.read(sock).items()}
-    except rtnl.NetlinkError:
-        return {}
 
 
 class PfcFile:
@@ -61,9 +55,10 @@ class QueueSampler:
         for node in plan.nodes:
             if not nsutil.exists(node.namespace):
                 continue
-            marks = node.forwarding and any(c.ecn for i in node.interfaces for c in i.shaping.classes)
+            marks = node.switching and any(c.ecn for i in node.interfaces for c in i.shaping.classes)
             with nsutil.entered(node.namespace):
-                self.socks.append((node.name, rtnl.open_socket(), nftcounters.open_socket() if marks else None))
+                self.socks.append((node.name, rtnl.open_socket(), nftcounters.open_socket() if marks else None,
+                                   nft_family(node)))
             for i in node.interfaces:
                 for c in i.shaping.classes:
                     self.names[(node.name, i.index, qos.leaf_handle(c.tc) >> 16)] = (i.name, c.name, c.tc)
@@ -86,15 +81,17 @@ class QueueSampler:
             while not self.stop.is_set():
                 t = time.monotonic() - t0
                 pfc = self.pfc.get()
-                for node, sock, nft_sock in self.socks:
-                    marks = read_marks(nft_sock) if nft_sock else {}
-                    for q in qdepth.dump(sock, in_kernel=procs.in_kernel):  # rtnl held: real-time
+                with procs.in_kernel():     # the dumps hold rtnl: real-time for them, once per sample
+                    raw = [qdepth.dump_raw(sock) for _, sock, _, _ in self.socks]
+                for (node, _, nft_sock, family), chunks in zip(self.socks, raw):
+                    marks = nftcounters.read_marks(nft_sock, family) if nft_sock else {}
+                    for q in qdepth.parse_dump(chunks):
                         key = (node, q.ifindex, q.handle >> 16)
                         name = self.names.get(key)
                         if name is None:
                             continue
                         p = pfc.get((node, name[0], name[2]))
-                        row = (q.backlog, q.bytes, q.packets, q.drops, marks.get(ecn.counter_name(q.ifindex, name[2]), 0),
+                        row = (q.backlog, q.bytes, q.packets, q.drops, marks.get(qos.ce_counter_name(q.ifindex, name[2]), 0),
                                *((p["pfc_tx"], p["pfc_rx"], p["paused_s"]) if p else (0, 0, 0.0)))
                         if last.get(key) != row:
                             last[key] = row
@@ -111,7 +108,7 @@ class QueueSampler:
     def close(self) -> dict:
         self.stop.set()
         self.thread.join(timeout=5)
-        for _, sock, nft_sock in self.socks:
+        for _, sock, nft_sock, _ in self.socks:
             sock.close()
             if nft_sock:
                 nft_sock.close()

@@ -1,15 +1,21 @@
-"""Checks across keys that a schema cannot express: references, fabrics, names and rates."""
+"""Checks across keys that a schema cannot express: references, fabrics, segments, names and rates.
+
+`CHECKS` runs in order; each raises a located InputError for the first problem it finds. A new
+rule is a new check in the list.
+"""
 from __future__ import annotations
 
 from labctl.errors import InputError
-from labctl.plan.naming import NamingError, assign_ifnames, split_endpoint
-from labctl.topology.schema import ROUTER_KINDS, Topology
+from labctl.kinds import fabric_kind
+from labctl.names import NamingError, assign_ifnames, split_endpoint
+from labctl.topology.fabrics import l2_segments, link_fabric, node_fabric, routing_domain, switching
+from labctl.topology.schema import Topology
 from labctl.topology.templates import did_you_mean
 from labctl.topology.yamlpos import SourceMap
 from labctl.units import format_rate
 
-# What this machine can shape and forward (docs/design.md §8): above ~40 Gbit/s HTB and veth stop meaning
-# anything; below 64 kbit/s a 9000-byte frame takes over a second and ping times out.
+# What this machine can shape and forward (docs/design.md §6): above ~40 Gbit/s HTB and veth stop
+# meaning anything; below 64 kbit/s a 9000-byte frame takes over a second and ping times out.
 LAB_RATE_MAX = 40e9
 LAB_RATE_MIN = 64e3
 # The WAN line holds a link's frames for its delay: past a minute of lab time a run is not a lab.
@@ -26,53 +32,21 @@ def _round_up(x: float) -> int:
         k *= 10
 
 
-def node_fabric(topo: Topology, name: str) -> str | None:
-    """The fabric a router belongs to: its own `fabric:`, else the only fabric that fits its kind."""
-    node = topo.nodes[name]
-    if node.kind not in ROUTER_KINDS:
-        return None
-    if node.fabric:
-        return node.fabric
-    want_scale_up = node.kind == "nvswitch"
-    fits = [f for f, spec in topo.fabrics.items() if (spec.kind == "scale-up") == want_scale_up]
-    return fits[0] if len(fits) == 1 else None
-
-
-def routing_domain(kind: str, name: str) -> str:
-    """Fabrics that route into each other: every scale-out fabric and the scale-across WAN that joins
-    them form the backend; a frontend or a scale-up domain is a network of its own."""
-    return "backend" if kind in ("scale-out", "scale-across") else name
-
-
-def link_fabric(topo: Topology, link_index: int) -> str | None:
-    link = topo.links[link_index]
-    if link.fabric:
-        return link.fabric
-    ends = [split_endpoint(e)[0] for e in link.endpoints]
-    fabrics = {node_fabric(topo, n) for n in ends if topo.nodes[n].kind in ROUTER_KINDS}
-    if len(fabrics) == 1:
-        return fabrics.pop()
-    inside = {f for f in fabrics if f in topo.fabrics and topo.fabrics[f].kind == "scale-out"}
-    if len(fabrics) == 2 and len(inside) == 1 and fabrics - inside <= {
-            f for f in topo.fabrics if topo.fabrics[f].kind == "scale-across"}:
-        return inside.pop()   # a DCI router's link into its building belongs to the building's fabric
-    if not fabrics and len(topo.fabrics) == 1:
-        return next(iter(topo.fabrics))
-    return None
-
-
-def check_topology(topo: Topology, smap: SourceMap) -> None:
-    fabric_names = list(topo.fabrics)
+def node_fabrics(topo: Topology, smap: SourceMap) -> None:
+    names = list(topo.fabrics)
     for name, node in topo.nodes.items():
         if node.fabric is not None and node.fabric not in topo.fabrics:
             raise InputError(smap.where(("nodes", name, "fabric")),
                              f"node {name!r} is on fabric {node.fabric!r}, which is not defined"
-                             + did_you_mean(node.fabric, fabric_names),
-                             f"define it under fabrics:, or use one of: {', '.join(fabric_names)}")
-        if node.kind in ROUTER_KINDS and node_fabric(topo, name) is None:
+                             + did_you_mean(node.fabric, names),
+                             f"define it under fabrics:, or use one of: {', '.join(names)}")
+        if switching(topo, name) and node_fabric(topo, name) is None:
             raise InputError(smap.where(("nodes", name)),
                              f"{node.kind} {name!r} does not say which fabric it belongs to",
-                             f"add `fabric: <one of {', '.join(fabric_names)}>` to it")
+                             f"add `fabric: <one of {', '.join(names)}>` to it")
+
+
+def unique_ranks(topo: Topology, smap: SourceMap) -> None:
     ranks: dict[int, str] = {}
     for name, node in topo.nodes.items():
         if node.rank is not None:
@@ -82,9 +56,8 @@ def check_topology(topo: Topology, smap: SourceMap) -> None:
                                  "give every GPU its own rank, or leave rank out to number them in order")
             ranks[node.rank] = name
 
-    ends = []
-    linked: set[str] = set()
-    nic_fabric: dict[tuple[str, str], tuple[int, str]] = {}
+
+def link_ends(topo: Topology, smap: SourceMap) -> None:
     for i, link in enumerate(topo.links):
         parsed = []
         for e, text in enumerate(link.endpoints):
@@ -94,17 +67,21 @@ def check_topology(topo: Topology, smap: SourceMap) -> None:
                                  f"link endpoint {text!r} names node {node!r}, which is not defined"
                                  + did_you_mean(node, list(topo.nodes)),
                                  "define the node under nodes:, or fix the name")
-            parsed.append((node, iface))
-            linked.add(node)
-        if parsed[0][0] == parsed[1][0]:
+            parsed.append(node)
+        if parsed[0] == parsed[1]:
             raise InputError(smap.where(("links", i, "endpoints")),
-                             f"link {i} connects {parsed[0][0]!r} to itself", "connect two different nodes")
-        ends.append((parsed[0][0], parsed[0][1], parsed[1][0], parsed[1][1]))
+                             f"link {i} connects {parsed[0]!r} to itself", "connect two different nodes")
+
+
+def link_fabrics(topo: Topology, smap: SourceMap) -> None:
+    names = list(topo.fabrics)
+    nic_fabric: dict[tuple[str, str], tuple[int, str]] = {}
+    for i, link in enumerate(topo.links):
+        parsed = [split_endpoint(e) for e in link.endpoints]
         if link.fabric is not None and link.fabric not in topo.fabrics:
             raise InputError(smap.where(("links", i, "fabric")), f"fabric {link.fabric!r} is not defined"
-                             + did_you_mean(link.fabric, fabric_names),
-                             f"use one of: {', '.join(fabric_names)}")
-        routers = {node_fabric(topo, n) for n, _ in parsed if topo.nodes[n].kind in ROUTER_KINDS}
+                             + did_you_mean(link.fabric, names), f"use one of: {', '.join(names)}")
+        routers = {node_fabric(topo, n) for n, _ in parsed if switching(topo, n)}
         domains = {routing_domain(topo.fabrics[f].kind, f) for f in routers if f in topo.fabrics}
         if len(routers) > 1 and len(domains) > 1:
             raise InputError(smap.where(("links", i)),
@@ -118,13 +95,33 @@ def check_topology(topo: Topology, smap: SourceMap) -> None:
         if link_fabric(topo, i) is None:
             raise InputError(smap.where(("links", i)),
                              f"cannot tell which fabric link {parsed[0][0]}—{parsed[1][0]} belongs to",
-                             f"add `fabric: <one of {', '.join(fabric_names)}>` to the link")
-        _check_nic_sharing(topo, smap, i, parsed, nic_fabric)
+                             f"add `fabric: <one of {', '.join(names)}>` to the link")
+        _nic_sharing(topo, smap, i, parsed, nic_fabric)
+
+
+def _nic_sharing(topo: Topology, smap: SourceMap, i: int, parsed, nic_fabric: dict) -> None:
+    """A host NIC named by two links of different fabrics would bridge networks meant to be apart."""
+    fabric = link_fabric(topo, i)
+    for e, (node, iface) in enumerate(parsed):
+        if iface is None or switching(topo, node):
+            continue
+        seen = nic_fabric.get((node, iface))
+        if seen and fabric and seen[1] != fabric:
+            raise InputError(smap.where(("links", i, "endpoints", e)),
+                             f"{node}:{iface} is on fabric {seen[1]!r} (link {seen[0]}) and on {fabric!r} here: "
+                             "one NIC cannot serve two networks",
+                             f"give this link its own NIC, e.g. `{node}:{fabric[:3]}0`, or leave the port name out")
+        nic_fabric[(node, iface)] = (i, fabric)
+
+
+def link_rates_and_delays(topo: Topology, smap: SourceMap) -> None:
+    for i, link in enumerate(topo.links):
+        a, b = (split_endpoint(e)[0] for e in link.endpoints)
         if link.distance is not None and link.rate is None:
             raise InputError(smap.where(("links", i, "distance")),
-                             f"WAN link {parsed[0][0]}—{parsed[1][0]} has a distance but no rate",
+                             f"WAN link {a}—{b} has a distance but no rate",
                              "give it its own rate, e.g. `rate: 400G`: a WAN link rarely runs at the fabric default")
-        _check_delay(topo, smap, i, link)
+        _delay(topo, smap, i, link)
         rate = link.rate or topo.defaults.rate
         lab_rate = rate / topo.dilation
         key = ("links", i, "rate") if link.rate else ("defaults", "rate")
@@ -139,19 +136,8 @@ def check_topology(topo: Topology, smap: SourceMap) -> None:
                              f"in the lab, too slow to carry a jumbo frame in a second",
                              f"lower dilation to at most {rate / LAB_RATE_MIN:g}, or raise the rate")
 
-    _check_qos(topo, smap)
-    _check_zones(topo, smap)
-    for name in topo.nodes:
-        if name not in linked:
-            raise InputError(smap.where(("nodes", name)), f"node {name!r} has no links",
-                             "connect it (links: - endpoints: [" + name + ", <peer>]) or remove it")
-    try:
-        assign_ifnames(ends)
-    except NamingError as exc:
-        raise InputError(smap.where(("links", exc.link, "endpoints", exc.end)), exc.message, exc.fix) from None
 
-
-def _check_delay(topo: Topology, smap: SourceMap, i: int, link) -> None:
+def _delay(topo: Topology, smap: SourceMap, i: int, link) -> None:
     one_way = link.latency if link.latency is not None else (
         link.distance * 4900 if link.distance is not None else topo.defaults.latency)
     lab = (one_way + (link.jitter or 0)) * topo.dilation
@@ -165,37 +151,36 @@ def _check_delay(topo: Topology, smap: SourceMap, i: int, link) -> None:
                          "shorten the link or lower dilation")
 
 
-def _check_nic_sharing(topo: Topology, smap: SourceMap, i: int, parsed, nic_fabric: dict) -> None:
-    """A host NIC named by two links of different fabrics would bridge networks meant to be apart."""
-    fabric = link_fabric(topo, i)
-    for e, (node, iface) in enumerate(parsed):
-        if iface is None or topo.nodes[node].kind in ROUTER_KINDS:
-            continue
-        seen = nic_fabric.get((node, iface))
-        if seen and fabric and seen[1] != fabric:
-            raise InputError(smap.where(("links", i, "endpoints", e)),
-                             f"{node}:{iface} is on fabric {seen[1]!r} (link {seen[0]}) and on {fabric!r} here: "
-                             "one NIC cannot serve two networks",
-                             f"give this link its own NIC, e.g. `{node}:{fabric[:3]}0`, or leave the port name out")
-        nic_fabric[(node, iface)] = (i, fabric)
+def segments(topo: Topology, smap: SourceMap) -> None:
+    """An L2 segment is a tree of bridges (no spanning tree runs), with at most one port per other
+    node, and no WAN line (the line moves IP between two routers)."""
+    for bridges, links in l2_segments(topo):
+        between = [i for i in links if all(split_endpoint(e)[0] in bridges for e in topo.links[i].endpoints)]
+        if len(between) >= len(bridges):
+            i = between[-1]
+            raise InputError(smap.where(("links", i)),
+                             f"bridges {', '.join(sorted(bridges))} form a loop with link {i}: labctl runs no "
+                             "spanning tree, so the loop would flood forever",
+                             "remove a link between bridges, or make one of them a switch (routed)")
+        members: dict[str, int] = {}
+        for i in links:
+            link = topo.links[i]
+            if link.latency or link.distance or link.loss or link.jitter or link.encrypt:
+                raise InputError(smap.where(("links", i)), f"link {i} touches a bridge and has a delay, loss, "
+                                 "jitter or encryption: the WAN line only joins two routed ends",
+                                 "put the delay on a link between routers or switches")
+            for e in link.endpoints:
+                node = split_endpoint(e)[0]
+                if node in bridges:
+                    continue
+                if node in members:
+                    raise InputError(smap.where(("links", i)),
+                                     f"{node} has two ports on one L2 segment (links {members[node]} and {i}): "
+                                     "both would hold addresses of one subnet", "cable it to the segment once")
+                members[node] = i
 
 
-def _check_zones(topo: Topology, smap: SourceMap) -> None:
-    """With a scale-across fabric, every zone needs a DCI router: a router of that fabric in the zone."""
-    wan = {f for f, spec in topo.fabrics.items() if spec.kind == "scale-across"}
-    if not wan:
-        return
-    dci_zones = {n.zone for name, n in topo.nodes.items()
-                 if n.kind in ROUTER_KINDS and node_fabric(topo, name) in wan}
-    for name, node in topo.nodes.items():
-        if node.zone is not None and node.zone not in dci_zones:
-            raise InputError(smap.where(("nodes", name, "zone")),
-                             f"zone {node.zone!r} (of {name!r}) has no DCI router, so nothing joins it to the WAN",
-                             f"add a router with `fabric: {sorted(wan)[0]}, zone: {node.zone}` linked to the "
-                             "zone's spines and to the WAN")
-
-
-def _check_qos(topo: Topology, smap: SourceMap) -> None:
+def qos_classes(topo: Topology, smap: SourceMap) -> None:
     seen_tc: dict[int, str] = {}
     seen_dscp: dict[int, str] = {}
     defaults = []
@@ -222,3 +207,43 @@ def _check_qos(topo: Topology, smap: SourceMap) -> None:
     if e.kmin >= e.kmax:
         raise InputError(smap.where(("qos", "ecn")), f"ecn kmin ({e.kmin} B) must be below kmax ({e.kmax} B)",
                          "e.g. kmin: 400KB, kmax: 1600KB")
+
+
+def zones(topo: Topology, smap: SourceMap) -> None:
+    """With a scale-across fabric, every zone needs a DCI router: a router of that fabric in the zone."""
+    wan = {f for f, spec in topo.fabrics.items() if fabric_kind(spec.kind).joins}
+    if not wan:
+        return
+    dci_zones = {n.zone for name, n in topo.nodes.items()
+                 if switching(topo, name) and node_fabric(topo, name) in wan}
+    for name, node in topo.nodes.items():
+        if node.zone is not None and node.zone not in dci_zones:
+            raise InputError(smap.where(("nodes", name, "zone")),
+                             f"zone {node.zone!r} (of {name!r}) has no DCI router, so nothing joins it to the WAN",
+                             f"add a router with `fabric: {sorted(wan)[0]}, zone: {node.zone}` linked to the "
+                             "zone's spines and to the WAN")
+
+
+def every_node_linked(topo: Topology, smap: SourceMap) -> None:
+    linked = {split_endpoint(e)[0] for link in topo.links for e in link.endpoints}
+    for name in topo.nodes:
+        if name not in linked:
+            raise InputError(smap.where(("nodes", name)), f"node {name!r} has no links",
+                             "connect it (links: - endpoints: [" + name + ", <peer>]) or remove it")
+
+
+def interface_names(topo: Topology, smap: SourceMap) -> None:
+    ends = [(*split_endpoint(lk.endpoints[0]), *split_endpoint(lk.endpoints[1])) for lk in topo.links]
+    try:
+        assign_ifnames(ends)
+    except NamingError as exc:
+        raise InputError(smap.where(("links", exc.link, "endpoints", exc.end)), exc.message, exc.fix) from None
+
+
+CHECKS = (node_fabrics, unique_ranks, link_ends, link_fabrics, link_rates_and_delays, qos_classes, zones,
+          every_node_linked, segments, interface_names)
+
+
+def check_topology(topo: Topology, smap: SourceMap) -> None:
+    for check in CHECKS:
+        check(topo, smap)

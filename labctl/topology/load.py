@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from labctl.errors import InputError, Where
 from labctl.topology import templates as tpl
-from labctl.plan.naming import valid_lab_name
+from labctl.names import valid_lab_name
 from labctl.topology.check import check_topology
 from labctl.topology.schema import Topology
 from labctl.topology.yamlpos import SourceMap, load_yaml, load_yaml_file
@@ -127,12 +127,13 @@ def load_topology(file: str | Path, sets=(), template_dirs=(), name: str | None 
     try:
         topo = Topology.model_validate(data)
     except ValidationError as exc:
-        raise _input_error(exc, smap) from None
+        raise input_error(exc, smap) from None
     check_topology(topo, smap)
     return Loaded(topo, smap, text, Path(file), template)
 
 
-def _input_error(exc: ValidationError, smap: SourceMap, root=None) -> InputError:
+def input_error(exc: ValidationError, smap: SourceMap, root=None) -> InputError:
+    """A pydantic error as one located InputError (file, line, key, and the field's own help)."""
     # an unknown key explains a missing one next to it ("nodez" → "nodes" missing): report it first
     errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
     err = errors[0]

@@ -6,10 +6,10 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
+from labctl import kinds
 from labctl.units import parse_duration_ns, parse_rate, parse_size
 
 NAME_PATTERN = r"^[a-z][a-z0-9_-]*$"
-IFNAME_MAX = 15  # IFNAMSIZ - 1
 
 Rate = Annotated[int, BeforeValidator(parse_rate), Field(gt=0, description="a rate such as 400G or 100Mbit")]
 Duration = Annotated[int, BeforeValidator(parse_duration_ns),
@@ -18,12 +18,8 @@ Size = Annotated[int, BeforeValidator(parse_size), Field(gt=0, description="a si
 Name = Annotated[str, Field(pattern=NAME_PATTERN, max_length=40,
                             description="lower-case letters, digits, '-' and '_', starting with a letter")]
 
-FABRIC_KINDS = ("scale-out", "scale-up", "scale-across", "frontend")
-# Kinds that forward packets (they get routes to every prefix of their fabric) and kinds that are
-# end hosts (they only reach their fabrics' address pools through their own NICs).
-ROUTER_KINDS = ("switch", "router", "nvswitch")
-HOST_KINDS = ("gpu", "storage", "host")
-NODE_KINDS = ROUTER_KINDS + HOST_KINDS
+FABRIC_KINDS = tuple(kinds.FABRIC_KINDS)
+NODE_KINDS = tuple(kinds.NODE_KINDS)
 
 
 class Strict(BaseModel):

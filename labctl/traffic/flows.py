@@ -2,25 +2,28 @@
 from __future__ import annotations
 
 from labctl.errors import InputError, Where
-from labctl.plan.compile import routing_domains
+from labctl.kinds import NODE_KINDS, node_kind
+from labctl.plan.routing import routing_domains
 from labctl.plan.model import LabPlan, Node
 from labctl.traffic.tcpflow import Sequence, Target
+
+
+GROUPS = {k.group for k in NODE_KINDS.values() if k.group}   # "gpus", "storage"
 
 
 def _nodes(plan: LabPlan, spec, where: Where) -> list[Node]:
     names = [spec] if isinstance(spec, str) else list(spec)
     out = []
     for name in names:
-        if name in ("gpus", "storage"):
-            kind = "gpu" if name == "gpus" else "storage"
-            out += [n for n in plan.nodes if n.kind == kind]
+        if name in GROUPS:
+            out += [n for n in plan.nodes if node_kind(n.kind).group == name]
             continue
         try:
             node = plan.node(name)
         except KeyError:
             raise InputError(where, f"{name!r} is not a node of lab {plan.lab!r}",
                              "name nodes, or use gpus / storage (labctl status lists the nodes)") from None
-        if node.forwarding:
+        if node.switching:
             raise InputError(where, f"{name!r} is a {node.kind}; flows run between hosts", "name a host")
         out.append(node)
     if not out:

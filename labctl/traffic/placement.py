@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from labctl.plan.model import LabPlan
 from labctl.traffic import roce
-from labctl.traffic.runner import gpu_ranks, path_ports
+from labctl.traffic.pool import gpu_ranks, path_ports
 from labctl.traffic.sender import qpn
 
 
@@ -54,7 +54,7 @@ def collision_note(hops: list[dict]) -> str | None:
 def spine_names(plan: LabPlan) -> set[str]:
     """Switches with no host attached: the spines of a leaf-spine."""
     hosts = {n.name for n in plan.nodes if not n.forwarding}
-    return {n.name for n in plan.nodes if n.forwarding and n.kind == "switch"
+    return {n.name for n in plan.nodes if n.forwarding
             and not any(i.peer_node in hosts for i in n.interfaces)}
 
 

@@ -64,7 +64,7 @@ def table(doc: dict) -> str:
     if note:
         lines.append("# " + note)
     if doc.get("controller_reaction", {}).get("reads"):
-        from labctl.dataplane.reaction import describe
+        from labctl.telemetry.reaction import describe
         lines.append("# " + describe(doc["controller_reaction"]))
     lines += flow_lines(doc.get("flows", []))
     return "\n".join(lines)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labctl import procs
-from labctl.dataplane import reaction
+from labctl.telemetry import reaction
 from labctl.errors import InputError, LabError, Where
 from labctl.plan.model import LabPlan
 from labctl.state import LabDir
@@ -18,7 +18,7 @@ from labctl.telemetry.sampler import QueueSampler
 from labctl.traffic import flows, fsdp, placement, schedule as sch
 from labctl.traffic.dcqcn import Params
 from labctl.traffic.tcpflow import FlowRun
-from labctl.traffic.runner import AgentPool, RunOptions, gpu_ranks, ideal_seconds, local_index
+from labctl.traffic.pool import AgentPool, RunOptions, gpu_ranks, ideal_seconds, local_index
 from labctl.traffic.workload import LoadedWorkload
 
 
@@ -146,7 +146,7 @@ def _grouped(plan: LabPlan, ranks: list[int], by: str, loaded: LoadedWorkload) -
 
 
 def dcqcn_params(o) -> Params:
-    """The reaction point's parameters in real-fabric units; the runner applies the dilation."""
+    """The reaction point's parameters in real-fabric units; the agent pool applies the dilation."""
     return Params(rate_ai=o.dcqcn_rate_ai, rate_hai=o.dcqcn_rate_hai, g=o.dcqcn_g,
                   alpha_period=o.dcqcn_timer * 1e-9, increase_period=o.dcqcn_timer * 1e-9,
                   byte_counter=o.dcqcn_byte_counter, min_cut_interval=o.cnp_interval * 1e-9)

@@ -29,7 +29,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from labctl.errors import InputError
-from labctl.topology.load import _input_error
+from labctl.topology.load import input_error
 from labctl.topology.yamlpos import load_yaml_file
 from labctl.traffic import fsdp
 from labctl.traffic.schedule import COLLECTIVES
@@ -164,7 +164,7 @@ def load_workload(file: str | Path) -> LoadedWorkload:
         if err["type"] == "value_error" and not err["loc"]:
             raise InputError(smap.where(()), err["msg"].removeprefix("Value error, "),
                              "see the workload format in README.md") from None
-        raise _input_error(exc, smap, Workload) from None
+        raise input_error(exc, smap, Workload) from None
     if w.fsdp:
         try:
             fsdp.model_from(w.fsdp.model, w.fsdp.layers, w.fsdp.hidden, w.fsdp.params_per_layer, w.fsdp.dtype)

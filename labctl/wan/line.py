@@ -15,14 +15,14 @@ import json
 import random
 import select
 import socket
-import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from labctl.backends import nsutil, wires
-from labctl.dataplane.publisher import Publisher
+from labctl import helpers
+from labctl.helpers import Publisher
 from labctl.plan.model import LabPlan, Link
 from labctl.wan import esp
 
@@ -179,11 +179,7 @@ class Line:
 
 
 def main() -> None:
-    lab_dir = Path(sys.argv[1])
-    plan = LabPlan.from_lab_dir(lab_dir)
-    line = Line(plan, lab_dir)
-    print("ready", flush=True)
-    line.run()
+    helpers.serve(Line)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,8 @@ NETLINK_NETFILTER = 12
 NFNL_SUBSYS_NFTABLES, NFT_MSG_GETOBJ = 10, 19
 NLM_F_DUMP = 0x300
 NLMSG_DONE = 3
-NFPROTO_IPV4 = 2
+NFPROTO_IPV4, NFPROTO_BRIDGE = 2, 7
+FAMILIES = {"ip": NFPROTO_IPV4, "bridge": NFPROTO_BRIDGE}
 NFTA_OBJ_TABLE, NFTA_OBJ_NAME, NFTA_OBJ_TYPE, NFTA_OBJ_DATA = 1, 2, 3, 4
 NFT_OBJECT_COUNTER = 1
 NFTA_COUNTER_BYTES, NFTA_COUNTER_PACKETS = 1, 2
@@ -28,8 +29,8 @@ def open_socket() -> socket.socket:
     return sock
 
 
-def dump_request(table: str, seq: int = 1) -> bytes:
-    body = (struct.pack("BBH", NFPROTO_IPV4, 0, 0) + rtnl.attr(NFTA_OBJ_TABLE, rtnl.cstr(table))
+def dump_request(table: str, seq: int = 1, family: str = "ip") -> bytes:
+    body = (struct.pack("BBH", FAMILIES[family], 0, 0) + rtnl.attr(NFTA_OBJ_TABLE, rtnl.cstr(table))
             + rtnl.attr(NFTA_OBJ_TYPE, struct.pack("!I", NFT_OBJECT_COUNTER)))
     kind = (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETOBJ
     return struct.pack("IHHII", 16 + len(body), kind, rtnl.NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + body
@@ -58,12 +59,25 @@ def parse(data: bytes) -> tuple[dict[str, tuple[int, int]], bool]:
     return out, False
 
 
-def read(sock: socket.socket, table: str = "labctl") -> dict[str, tuple[int, int]]:
-    """Every named counter of `table` (family ip): name -> (packets, bytes)."""
-    sock.sendall(dump_request(table))
+def read(sock: socket.socket, table: str = "labctl", family: str = "ip") -> dict[str, tuple[int, int]]:
+    """Every named counter of `table` (in `family`: ip on routers, bridge on bridges): name -> (packets, bytes)."""
+    sock.sendall(dump_request(table, family=family))
     out: dict[str, tuple[int, int]] = {}
     while True:
         part, done = parse(sock.recv(1 << 16))
         out.update(part)
         if done:
             return out
+
+
+def read_marks(sock: socket.socket, family: str = "ip") -> dict[str, int]:
+    """CE-marked packets per nft counter name; {} where the node marks nothing (no labctl table)."""
+    try:
+        return {name: packets for name, (packets, _) in read(sock, family=family).items()}
+    except rtnl.NetlinkError:
+        return {}
+
+
+def family_of(node) -> str:
+    """The nftables family labctl's rules live in on a node: bridge on an L2 switch, ip elsewhere."""
+    return "bridge" if node.bridged else "ip"

@@ -16,32 +16,11 @@ from pathlib import Path
 
 from labctl import procs
 from labctl.errors import LabError
+from labctl.lifecycle import targets
 from labctl.plan.model import LabPlan
 
 DEFAULT_SNAPLEN = 128
 FULL = 262144
-
-
-def resolve(plan: LabPlan, target: str) -> tuple[str, str]:
-    """NODE:PORT -> (namespace, port); NODE may also be a WAN line end, wire<link>.a / .b (port fibre)."""
-    node_name, _, port = target.partition(":")
-    for lk in plan.links:
-        if lk.wire and node_name in (f"wire{lk.id}.a", f"wire{lk.id}.b"):
-            ns = lk.wire.near if node_name.endswith(".a") else lk.wire.far
-            if port not in ("fibre", "a", "b", ""):
-                raise LabError(f"{node_name} has ports fibre, {'a' if node_name.endswith('.a') else 'b'}")
-            return ns, port or "fibre"
-    try:
-        node = plan.node(node_name)
-    except KeyError:
-        wires = [f"wire{lk.id}.a" for lk in plan.links if lk.wire]
-        raise LabError(f"lab {plan.lab!r} has no node {node_name!r}",
-                       "`labctl status` lists nodes" + (f"; WAN line ends: {', '.join(wires)} (.a/.b)" if wires else ""))
-    if not port:
-        raise LabError(f"{target!r} names no port", f"write NODE:PORT, e.g. {node_name}:{node.interfaces[0].name}")
-    if port not in {i.name for i in node.interfaces}:
-        raise LabError(f"{node_name} has no port {port!r}", f"its ports: {', '.join(i.name for i in node.interfaces)}")
-    return node.namespace, port
 
 
 def command(namespace: str, port: str, out: str, snaplen: int = DEFAULT_SNAPLEN, bpf: str = "") -> list[str]:
@@ -54,7 +33,7 @@ class Capture:
 
     def __init__(self, plan: LabPlan, target: str, path: Path, snaplen: int = DEFAULT_SNAPLEN, bpf: str = "",
                  journal=None):
-        ns, port = resolve(plan, target)
+        ns, port = targets.capture_point(plan, target)
         self.path = path
         self.proc = subprocess.Popen(command(ns, port, str(path), snaplen, bpf), stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -1,23 +1,35 @@
-"""What a lab's queues look like right now: per port and class, from qdisc dumps and the plan."""
+"""What a lab's queues look like right now: per port and class, from qdisc dumps and the plan.
+
+The settings shown (ECN profile, PFC on/off, XOFF) are the plan's unless the caller passes the
+ones in force at runtime (`settings`, see dataplane/control.py).
+"""
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 from labctl.backends import nsutil
-from labctl.dataplane import control, ecn, nftcounters, qdepth, qos
+from labctl.plan import qos
 from labctl.plan.model import LabPlan, Node
-from labctl.telemetry.sampler import read_marks
+from labctl.telemetry import nftcounters, qdepth
 
 
-def node_queues(plan: LabPlan, node: Node, iface: str | None = None, overrides: dict | None = None) -> list[dict]:
-    """Per port and class: the plan's settings (with runtime `overrides` from control.json) and live stats."""
+def plan_settings(plan: LabPlan, node: Node, iface, cls) -> SimpleNamespace:
+    e = plan.ecn
+    return SimpleNamespace(ecn=cls.ecn and node.switching, pfc=cls.lossless, kmin=e.kmin, kmax=e.kmax, pmax=e.pmax,
+                           xoff=cls.xoff_bytes, xon=cls.xon_bytes)
+
+
+def node_queues(plan: LabPlan, node: Node, iface: str | None = None, settings=None) -> list[dict]:
+    """Per port and class: the settings in force (`settings(node, iface, cls)`, else the plan's) and live stats."""
+    settings = settings or (lambda n, i, c: plan_settings(plan, n, i, c))
     with nsutil.netlink_socket(node.namespace) as sock:
         stats = {(q.ifindex, q.handle >> 16): q for q in qdepth.dump(sock)}
     with nsutil.entered(node.namespace):
         nft_sock = nftcounters.open_socket()
     try:
-        marks = read_marks(nft_sock)
+        marks = nftcounters.read_marks(nft_sock, nftcounters.family_of(node))
     finally:
         nft_sock.close()
     rows = []
@@ -27,7 +39,7 @@ def node_queues(plan: LabPlan, node: Node, iface: str | None = None, overrides: 
         for c in i.shaping.classes:
             q = stats.get((i.index, qos.leaf_handle(c.tc) >> 16))
             depth = q.backlog if q else 0
-            st = control.settings_for(plan, node, i, c, overrides or {})
+            st = settings(node, i, c)
             rows.append({"node": node.name, "port": i.name, "class": c.name, "tc": c.tc, "dscp": c.dscp,
                          "rate_bps": c.rate_bps, "ceil_bps": i.shaping.rate_bps, "prio": c.prio,
                          "buffer_bytes": c.buffer_bytes, "lossless": c.lossless, "ecn": st.ecn, "pfc": st.pfc,
@@ -36,18 +48,18 @@ def node_queues(plan: LabPlan, node: Node, iface: str | None = None, overrides: 
                          "depth_bytes": depth, "packets_queued": q.qlen if q else 0,
                          "sent_bytes": q.bytes if q else 0, "sent_packets": q.packets if q else 0,
                          "drops": q.drops if q else 0,
-                         "ecn_marked": marks.get(ecn.counter_name(i.index, c.tc), 0),
-                         "mark_probability": ecn.probability(depth, st.kmin, st.kmax, st.pmax) if st.ecn else None})
+                         "ecn_marked": marks.get(qos.ce_counter_name(i.index, c.tc), 0),
+                         "mark_probability": qos.marking_probability(depth, st.kmin, st.kmax, st.pmax)
+                         if st.ecn else None})
     return rows
 
 
-def lab_queues(plan: LabPlan, lab_path=None) -> list[dict]:
-    """Every port and class; with the lab directory, runtime settings and PFC counters too."""
+def lab_queues(plan: LabPlan, lab_path=None, settings=None) -> list[dict]:
+    """Every port and class; with the lab directory, the PFC counters too."""
     rows = []
-    overrides = control.load(lab_path)["ports"] if lab_path is not None else {}
     for node in plan.nodes:
         if nsutil.exists(node.namespace):
-            rows += node_queues(plan, node, overrides=overrides)
+            rows += node_queues(plan, node, settings=settings)
     if lab_path is not None:
         add_pfc(rows, lab_path)
     return rows

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import yaml
 
-from labctl import lab as labmod
-from labctl.capture import Capture, file_name
+from labctl import lifecycle as labmod
+from labctl.lifecycle.capture import Capture, file_name
 from labctl.errors import InputError, LabError
 from labctl.paths import is_dir
 from labctl.experiment import plots
@@ -119,31 +119,19 @@ def _step(exp, k, step, plan, lab, workloads, out, suffix, metrics, runs, say) -
         _tc(plan, lab, dict(step.tc))
     elif step.link is not None:
         (state, target), = step.link.items()
-        node_name, _, port = target.partition(":")
-        labmod.set_link_state(lab, plan, plan.node(node_name), port, state == "up")
+        from labctl.lifecycle import targets
+        node, port = targets.port(plan, target)
+        labmod.set_link_state(lab, plan, node, port.name, state == "up")
     elif step.wait is not None:
         time.sleep(step.wait / 1e9)
 
 
 def _tc(plan, lab, spec: dict) -> None:
-    from labctl.dataplane import control
-    from labctl.dataplane.tcset import set_port_rate
-    from labctl.units import parse_rate, parse_size
-    node_name, _, port = spec.pop("target").partition(":")
-    node = plan.node(node_name)
-    class_name = spec.pop("class", None)
-    if "rate" in spec:
-        set_port_rate(node, node.iface(port), parse_rate(spec.pop("rate")))
-    changes = {}
-    for k, v in spec.items():
-        if k in ("ecn", "pfc"):
-            changes[k] = v in (True, "on")
-        elif k == "pmax":
-            changes[k] = float(v)
-        else:
-            changes[k] = parse_size(v)
-    if changes:
-        control.apply(lab.path, plan, node, port or None, class_name, changes)
+    from labctl.lifecycle import targets
+    spec = dict(spec)
+    node, iface = targets.port(plan, spec.pop("target"), need_port=False)
+    labmod.tc_set(lab, plan, node, iface.name if iface else None, spec.pop("class", None), spec.pop("rate", None),
+                  **spec)
 
 
 def judge(exp: Experiment, metrics: dict[str, dict]) -> list[dict]:

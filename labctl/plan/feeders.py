@@ -18,6 +18,8 @@ from labctl.plan.model import LabPlan, Node
 def feeders(plan: LabPlan, node: Node) -> dict[str, set[str]]:
     """egress port name -> the names of the ingress ports whose traffic can be queued there."""
     out: dict[str, set[str]] = {i.name: set() for i in node.interfaces}
+    if node.bridged:                             # a bridge floods and learns: any port may feed any other
+        return {e: {i.name for i in node.interfaces if i.name != e} for e in out}
     hosts = {n.name for n in plan.nodes if not n.forwarding}
     data_prefixes = [lk.subnet for lk in plan.links
                      if lk.a.split(":")[0] in hosts or lk.b.split(":")[0] in hosts]

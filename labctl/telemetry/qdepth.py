@@ -30,15 +30,11 @@ class QueueStats:
     overlimits: int
 
 
-def dump(sock: socket.socket, seq: int = 1, in_kernel=None) -> list[QueueStats]:
-    """Every qdisc of the socket's namespace. The kernel holds rtnl while it answers; `in_kernel`
-    (a context manager) wraps just those calls, so a caller can run them real-time and the parsing
-    at its own priority (see telemetry/sampler.py)."""
-    if in_kernel is None:
-        return parse_dump(dump_raw(sock, seq))
-    with in_kernel():
-        chunks = dump_raw(sock, seq)
-    return parse_dump(chunks)
+def dump(sock: socket.socket, seq: int = 1) -> list[QueueStats]:
+    """Every qdisc of the socket's namespace. The kernel holds rtnl while it answers dump_raw; a
+    caller that must not hold it while preempted runs that part real-time and parses afterwards
+    (telemetry/sampler.py)."""
+    return parse_dump(dump_raw(sock, seq))
 
 
 def dump_raw(sock: socket.socket, seq: int = 1) -> list[bytes]:

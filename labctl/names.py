@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from labctl.topology.schema import IFNAME_MAX
+IFNAME_MAX = 15  # IFNAMSIZ - 1
 
 IFNAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")
 LAB_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,23}$")   # the topology schema's rule for a lab's name:

@@ -10,6 +10,7 @@ import ctypes.util
 
 from labctl.backends import nsutil
 from labctl.errors import LabError
+from labctl.plan.qos import class_minor, dscp_map
 
 _lib = None
 
@@ -59,3 +60,13 @@ class Nft:
         if self.ctx:
             _load().nft_ctx_free(self.ctx)
             self.ctx = None
+
+
+def classify_ruleset(classes: list[dict], bridged: bool = False) -> str:
+    """nftables for a switching node: DSCP → skb->priority (the HTB class) on what it forwards; in
+    the bridge family on an L2 switch, where frames never pass the IP forward hook."""
+    rules = "\n".join(f"    ip dscp {d} meta priority set 1:{class_minor(tc):x}"
+                      for d, tc in sorted(dscp_map(classes).items()))
+    family = "bridge" if bridged else "ip"
+    return (f"table {family} labctl {{\n  chain classify {{\n    type filter hook forward priority 0; policy accept;\n"
+            f"{rules}\n  }}\n}}\n")

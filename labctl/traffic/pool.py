@@ -17,16 +17,17 @@ from dataclasses import dataclass
 
 from labctl import procs
 from labctl.errors import LabError
+from labctl.kinds import fabric_kind, node_kind
 from labctl.plan.model import Interface, LabPlan, Node
 from labctl.state import LabDir
-from labctl.dataplane import qos
+from labctl.plan import qos
 from labctl.traffic import roce
 from labctl.traffic.dcqcn import Params
 from labctl.traffic.schedule import Schedule
 
 
 def gpu_ranks(plan: LabPlan) -> dict[int, Node]:
-    ranks = {n.rank: n for n in plan.nodes if n.kind == "gpu" and n.rank is not None}
+    ranks = {n.rank: n for n in plan.nodes if node_kind(n.kind).holds_rank and n.rank is not None}
     if not ranks:
         raise LabError(f"lab {plan.lab!r} has no GPU nodes to run traffic on", "add nodes of kind gpu")
     return dict(sorted(ranks.items()))
@@ -34,21 +35,20 @@ def gpu_ranks(plan: LabPlan) -> dict[int, Node]:
 
 def local_index(plan: LabPlan, node: Node) -> int:
     """A GPU's index inside its server (its rail)."""
-    peers = sorted(n.rank for n in plan.nodes if n.kind == "gpu" and n.server == node.server)
+    peers = sorted(n.rank for n in plan.nodes if node_kind(n.kind).holds_rank and n.server == node.server)
     return peers.index(node.rank)
 
 
 def path_ports(plan: LabPlan, a: Node, b: Node) -> tuple[Interface, Interface]:
     """The NICs two GPUs use to talk: scale-up inside a server, else scale-out, else any shared fabric."""
-    order = {"scale-up": 0, "scale-out": 1, "frontend": 2, "scale-across": 3}
     shared = []
     for ia in a.interfaces:
         for ib in b.interfaces:
             if ia.fabric == ib.fabric:
-                kind = plan.fabrics[ia.fabric].kind
-                if kind == "scale-up" and a.server != b.server:
-                    continue
-                shared.append((order.get(kind, 9), ia, ib))
+                kind = fabric_kind(plan.fabrics[ia.fabric].kind)
+                if kind.islands and getattr(a, kind.islands) != getattr(b, kind.islands):
+                    continue                       # an NVLink domain ends at its server
+                shared.append((kind.path_rank, ia, ib))
     if not shared:
         raise LabError(f"{a.name} and {b.name} share no fabric", "cable both to the same fabric")
     _, ia, ib = min(shared, key=lambda x: x[0])
@@ -60,7 +60,6 @@ class RunOptions:
     qps: int = 1
     sport_policy: str = "per-qp"
     cnp_interval_us: float | None = None   # real-fabric µs; None: receivers are no notification points
-    timeout_s: float | None = None
     seed: int = 1
     reliable: bool = False
     dcqcn: bool = False

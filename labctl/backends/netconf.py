@@ -1,0 +1,150 @@
+"""Configuring the kernel inside a node's namespace over rtnetlink, whatever built the namespace.
+
+Every backend hands labctl a named netns per node (`<lab>-<node>`) with the node's ports in it;
+this module then brings them up and gives them their addresses, HTB trees, bridge and routes, and
+changes them while the lab runs (links, routes, rates). One netlink burst per namespace.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+from labctl.backends import nft, nsutil, rtnl
+from labctl.errors import LabError
+from labctl.plan import qos
+from labctl.plan.model import Interface, Node
+
+BRIDGE_NAME, BRIDGE_INDEX = "br0", 999_999     # a bridge node's one bridge (ports are 2+2k)
+CHANGE = rtnl.NLM_F_REQUEST | rtnl.NLM_F_ACK    # RTM_NEW* without CREATE: change what exists
+
+
+def commit(batch: rtnl.Batch) -> None:
+    try:
+        batch.commit()
+    except rtnl.NetlinkError as exc:
+        raise LabError(f"{exc.what} failed: {os.strerror(exc.code)}") from None
+
+
+def configure(node: Node, nl: socket.socket, ioctl: socket.socket, extra: list = ()) -> None:
+    """Ports up with checksums computed in software, addresses, shaping, the bridge, routes."""
+    for iface in node.interfaces:
+        nsutil.tx_checksum_off(ioctl, iface.name)
+    batch = rtnl.Batch(nl)
+    batch.add(rtnl.link_up(1), f"{node.name}: bringing up lo")
+    if node.bridged:
+        mtu = max((i.mtu for i in node.interfaces), default=1500)
+        batch.add(rtnl.bridge(BRIDGE_NAME, BRIDGE_INDEX, mtu), f"{node.name}: bridge {BRIDGE_NAME}")
+        batch.add(rtnl.link_up(BRIDGE_INDEX), f"{node.name}: bringing up {BRIDGE_NAME}")
+    for iface in node.interfaces:
+        if node.bridged:
+            batch.add(rtnl.set_master(iface.index, BRIDGE_INDEX), f"{node.name}: {iface.name} into {BRIDGE_NAME}")
+        batch.add(rtnl.link_up(iface.index), f"{node.name}: bringing up {iface.name}")
+        if iface.address:
+            batch.add(rtnl.addr_add(iface.index, iface.address), f"{node.name}: address {iface.address}")
+        add_shaping(batch, node, iface)
+    if node.loopback:
+        batch.add(rtnl.addr_add(1, node.loopback), f"{node.name}: loopback {node.loopback}")
+    index = {i.name: i.index for i in node.interfaces}
+    for route in node.routes:
+        batch.add(rtnl.route_add(route.dst, [(h.via, index[h.dev], h.weight) for h in route.nexthops]),
+                  f"{node.name}: route {route.dst}")
+    for request, what in extra:
+        batch.add(request, what)
+    commit(batch)
+
+
+def add_shaping(batch: rtnl.Batch, node: Node, iface: Interface) -> None:
+    """HTB at the link rate with a class and a leaf per traffic class (plan/qos.py)."""
+    s = iface.shaping
+    where = f"{node.name}:{iface.name}"
+    classes = s.classes
+    default = next((c.tc for c in classes if not c.dscp), None)
+    default_minor = qos.class_minor(default) if default is not None else 1
+    batch.add(rtnl.htb_qdisc(iface.index, qos.HTB_ROOT, default_minor), f"{where}: htb root")
+    batch.add(rtnl.htb_class(iface.index, qos.HTB_LINK, qos.HTB_ROOT, s.rate_bps, s.burst_bytes, s.quantum),
+              f"{where}: htb class at {s.rate_bps} bit/s")
+    if not classes:
+        batch.add(rtnl.bfifo(iface.index, 0x100000, qos.HTB_LINK, s.buffer_bytes), f"{where}: bfifo leaf")
+        return
+    for c in classes:
+        batch.add(rtnl.htb_class(iface.index, qos.class_handle(c.tc), qos.HTB_LINK, c.rate_bps, s.burst_bytes,
+                                 s.quantum, prio=c.prio, ceil_bps=s.rate_bps), f"{where}: class {c.name}")
+        if c.lossless:  # a TBF leaf, so that a PFC pause can stop this class alone (dataplane/pfcport.py)
+            batch.add(rtnl.tbf(iface.index, qos.leaf_handle(c.tc), qos.class_handle(c.tc),
+                               qos.lossless_tbf_rate(s.rate_bps), qos.lossless_tbf_burst(s.rate_bps, s.quantum),
+                               c.buffer_bytes), f"{where}: {c.name} queue (lossless)")
+        else:
+            batch.add(rtnl.bfifo(iface.index, qos.leaf_handle(c.tc), qos.class_handle(c.tc), c.buffer_bytes),
+                      f"{where}: {c.name} queue")
+
+
+def classify(node: Node) -> None:
+    """Switching nodes put packets in their class by DSCP (nftables sets skb->priority)."""
+    if not node.switching or not node.interfaces or not node.interfaces[0].shaping.classes:
+        return
+    specs = [{"tc": c.tc, "dscp": c.dscp} for c in node.interfaces[0].shaping.classes]
+    ctx = nft.Nft(node.namespace)
+    try:
+        ctx.run(nft.classify_ruleset(specs, bridged=node.bridged))
+    finally:
+        ctx.close()
+
+
+def wait_up(nl: socket.socket, namespace: str, ports: set[str], deadline: float) -> None:
+    """Until every port is operationally up: until linkwatch runs, a veth's qdisc is still noop and
+    drops everything, so a lab reported up must really forward."""
+    while True:
+        states = rtnl.link_states(nl)
+        down = sorted(n for n in ports if states.get(n) != rtnl.IF_OPER_UP)
+        if not down:
+            return
+        if time.monotonic() > deadline:
+            raise LabError(f"{namespace}: ports {', '.join(down)} did not come up in time")
+        time.sleep(0.005)
+
+
+def commit_in(namespace: str, requests: list[tuple[tuple, str]]) -> int:
+    """Send (request, description) pairs to a namespace in one burst; returns how many were sent."""
+    with nsutil.netlink_socket(namespace) as sock:
+        batch = rtnl.Batch(sock)
+        for request, what in requests:
+            batch.add(request, what)
+        try:
+            batch.commit()
+        except rtnl.NetlinkError as exc:
+            raise LabError(f"{exc.what} failed: {exc}") from None
+    return len(requests)
+
+
+def set_link(node: Node, iface: Interface, up: bool) -> None:
+    """Administratively bring one port up or down (both ends make a link failure)."""
+    kind, _, _ = rtnl.link_up(iface.index)
+    commit_in(node.namespace, [((kind, CHANGE, rtnl.ifinfo(iface.index, rtnl.IFF_UP if up else 0, rtnl.IFF_UP)),
+                                f"{node.name}: {'up' if up else 'down'} {iface.name}")])
+
+
+def replace_routes(node: Node, old: list, new: list) -> int:
+    """Replace the routes that changed and delete the ones that vanished; returns how many changed."""
+    before = {r.dst: [(h.via, h.dev, h.weight) for h in r.nexthops] for r in old}
+    after = {r.dst: [(h.via, h.dev, h.weight) for h in r.nexthops] for r in new}
+    index = {i.name: i.index for i in node.interfaces}
+    requests = [(rtnl.route_replace(dst, [(via, index[dev], w) for via, dev, w in hops]), f"{node.name}: route {dst}")
+                for dst, hops in after.items() if before.get(dst) != hops]
+    requests += [(rtnl.route_del(dst), f"{node.name}: delete route {dst}") for dst in before.keys() - after.keys()]
+    return commit_in(node.namespace, requests) if requests else 0
+
+
+def set_rate(node: Node, iface: Interface, rate_bps: int) -> None:
+    """Shape a port to `rate_bps`: the link class and every traffic class's ceil, shares kept."""
+    s = iface.shaping
+    burst = max(rate_bps // 8 // 1000, 2 * s.quantum)
+    specs = [{"weight": max(1, c.rate_bps), "tc": c.tc} for c in s.classes]
+    shares = qos.class_rates(specs, rate_bps) if specs else []
+    kind, _, body = rtnl.htb_class(iface.index, qos.HTB_LINK, qos.HTB_ROOT, rate_bps, burst, s.quantum)
+    requests = [((kind, CHANGE, body), f"{node.name}:{iface.name}: link class")]
+    for c, share in zip(s.classes, shares):
+        kind, _, body = rtnl.htb_class(iface.index, qos.class_handle(c.tc), qos.HTB_LINK, share, burst,
+                                       s.quantum, prio=c.prio, ceil_bps=rate_bps)
+        requests.append(((kind, CHANGE, body), f"{node.name}:{iface.name}: class {c.name}"))
+    commit_in(node.namespace, requests)

@@ -1,0 +1,40 @@
+"""Export formats: a lab's plan written out for another tool. One registry; a new format is one
+module and one entry (the Mininet and containerlab exports go here)."""
+from __future__ import annotations
+
+import json
+
+from labctl.errors import LabError
+from labctl.exports import graph
+from labctl.paths import is_file
+from labctl.plan.model import LabPlan
+
+
+def _json(plan: LabPlan) -> str:
+    return json.dumps(plan.to_dict(), indent=1) + "\n"
+
+
+FORMATS = {
+    "dot": (graph.dot, "Graphviz: labctl export FILE | dot -Tpng > lab.png"),
+    "mermaid": (graph.mermaid, "Mermaid, for a Markdown ```mermaid block"),
+    "json": (_json, "the whole plan as JSON (what `labctl plan --json` prints)"),
+}
+
+
+def export(plan: LabPlan, fmt: str) -> str:
+    if fmt not in FORMATS:
+        raise LabError(f"there is no export format {fmt!r}", f"formats: {', '.join(FORMATS)}")
+    return FORMATS[fmt][0](plan)
+
+
+def plan_of(source: str, sets=()) -> LabPlan:
+    """A running lab's recorded plan if `source` names one, else the plan compiled from a file."""
+    from labctl import state
+    from labctl.lifecycle import load_plan
+    if state.valid_lab_name(source) and not is_file(source):
+        lab = state.lab_dir(source)
+        if lab.plan_file.is_file():
+            return load_plan(lab)
+    from labctl.plan.compile import compile_plan
+    from labctl.topology.load import load_topology
+    return compile_plan(load_topology(source, sets))

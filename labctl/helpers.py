@@ -1,0 +1,100 @@
+"""The lab's helper processes (the data-plane controller, the WAN line): one way to start them, one
+way to serve, and the files they share with the rest of labctl.
+
+A helper stands in for switch hardware, so it starts real-time (procs.py), in its own session,
+with `python -P` from `/` (it imports labctl from its install, never from the user's directory),
+journaled as PID and start time before it can do anything; it says "ready" on stdout once it holds
+its sockets and rules, and `start` waits for that.
+
+Its files are written by a thread of its own (Publisher): a file system call can block for tens
+of milliseconds (writing and renaming pfc.json on ext4 took up to 23 ms while captures and run
+directories were being written), and a control loop waiting for one leaves its lossless queues
+unwatched that long. The loop only hands the latest counters over (the newest wins, none queue
+up); the thread writes them and watches control.json's mtime, raising `control_changed`.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from labctl import procs
+from labctl.errors import LabError
+
+WATCH_EVERY = 0.01   # seconds between looks at control.json
+
+
+class Publisher:
+    def __init__(self, counters_file: Path | None, control_file: Path | None):
+        self.counters_file, self.control_file = counters_file, control_file
+        self.control_changed = threading.Event()
+        self._doc: dict | None = None
+        self._cond = threading.Condition()
+        self._control_mtime = 0.0
+        self.written = 0
+        threading.Thread(target=self._run, name="publisher", daemon=True).start()
+
+    def publish(self, doc: dict) -> None:
+        """Hand over the latest counters; returns at once."""
+        with self._cond:
+            self._doc = doc
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._doc is not None, timeout=WATCH_EVERY)
+                doc, self._doc = self._doc, None
+            if doc is not None and self.counters_file is not None:
+                tmp = self.counters_file.with_suffix(".tmp")
+                try:
+                    tmp.write_text(json.dumps(doc))
+                    tmp.replace(self.counters_file)
+                    self.written += 1
+                except OSError:
+                    pass          # the lab directory is going away with the lab
+            self._watch_control()
+
+    def _watch_control(self) -> None:
+        if self.control_file is None:
+            return
+        try:
+            mtime = os.stat(self.control_file).st_mtime
+        except OSError:
+            return
+        if mtime != self._control_mtime:
+            self._control_mtime = mtime
+            self.control_changed.set()
+
+
+def start(lab, module: str, log_name: str, what: str) -> int:
+    """Start helper `module` for a lab (a state.LabDir) and wait for its "ready"; returns its PID."""
+    log = open(lab.path / f"{log_name}.log", "w")
+    p = subprocess.Popen([sys.executable, "-P", "-m", module, str(lab.path)], cwd="/",
+                         stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True,
+                         start_new_session=True)
+    lab.journal("pid", procs.identity(p.pid))
+    procs.prioritise(p.pid)
+    line = p.stdout.readline()
+    if line.strip() != "ready":
+        p.kill()
+        p.wait()
+        raise LabError(f"{what} did not start: {(lab.path / f'{log_name}.log').read_text()[-500:]}")
+    p.stdout.close()
+    return p.pid
+
+
+def serve(make) -> None:
+    """A helper's main: `make(plan, lab_dir)` builds it from the lab's record; then "ready", then run()."""
+    from labctl.plan.model import LabPlan
+    lab_dir = Path(sys.argv[1])
+    helper = make(LabPlan.from_lab_dir(lab_dir), lab_dir)
+    # a full collection would walk everything the setup allocated, in the middle of an incast
+    gc.collect()
+    gc.freeze()
+    print("ready", flush=True)
+    helper.run()

@@ -1,0 +1,104 @@
+"""Building and removing labs: up, down, clean. A failure half-way through `up` removes what it made."""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from labctl import backends, helpers, state
+from labctl.errors import InputError, Where
+from labctl.kinds import node_kind
+from labctl.lifecycle.labs import backend_of, find_lab, require_root
+from labctl.plan.compile import compile_plan
+from labctl.plan.model import LabPlan
+from labctl.topology.load import load_topology
+
+
+def up(file: str, sets=(), name: str | None = None, template_dirs=(), backend: str = "netns",
+       progress=None) -> tuple[LabPlan, state.LabDir, float]:
+    loaded = load_topology(file, sets, template_dirs, name)
+    plan = compile_plan(loaded)
+    builder = backends.get(backend)
+    for node in plan.nodes:
+        if backend not in node_kind(node.kind).backends:
+            raise InputError(Where(str(file), key=f"nodes.{node.name}.kind"),
+                             f"backend {backend!r} cannot build a {node.kind} node ({node.name})",
+                             f"kind {node.kind} is built by: {', '.join(node_kind(node.kind).backends)}")
+    require_root("labctl up")
+    lab = state.claim(plan.lab, plan.to_dict(), str(Path(file).resolve()))
+    lab.write_state(backend=backend)       # before anything exists: `clean` must know who built it
+    t0 = time.perf_counter()
+    kwargs = {"progress": progress} if progress else {}
+    builder.apply(plan, lab, **kwargs)
+    try:
+        start_controller(plan, lab)
+        start_line(plan, lab)
+    except BaseException:
+        builder.destroy(lab)
+        raise
+    elapsed = time.perf_counter() - t0
+    from labctl.telemetry.ledger import softnet_drops
+    lab.write_state(status="up", pid=None, build_seconds=round(elapsed, 3), softnet_drops_at_up=softnet_drops())
+    return plan, lab, elapsed
+
+
+def start_controller(plan: LabPlan, lab: state.LabDir) -> int | None:
+    """The data-plane controller (ECN marking from queue depths, PFC), if any class needs one."""
+    from labctl.dataplane import controller
+    if not controller.needed(plan):
+        return None
+    pid = helpers.start(lab, "labctl.dataplane.controller", "controller", "the data-plane controller")
+    lab.write_state(controller_pid=pid)
+    return pid
+
+
+def start_line(plan: LabPlan, lab: state.LabDir) -> int | None:
+    """The WAN line (delay, loss, jitter, ESP) for links that need one; fresh ESP keys first."""
+    from labctl.backends import wires
+    from labctl.wan.keys import write_keys
+    if not wires.wired(plan):
+        return None
+    write_keys(plan, lab.path)
+    pid = helpers.start(lab, "labctl.wan.line", "line", "the WAN line")
+    lab.write_state(line_pid=pid)
+    return pid
+
+
+def down(name_or_file: str) -> list[str]:
+    require_root("labctl down")
+    lab = find_lab(name_or_file)
+    return backend_of(lab).destroy(lab)
+
+
+@dataclass
+class CleanResult:
+    lab: str
+    reason: str
+    removed: list[str]
+
+
+def clean(everything: bool = False) -> list[CleanResult]:
+    """Remove labs whose build died half-way (and records whose namespaces are all gone).
+
+    Works from the lab records only: a namespace that no record lists is never touched.
+    """
+    from labctl.backends import nsutil
+    require_root("labctl clean")
+    out = []
+    for lab in state.all_labs():
+        st = lab.read_state()
+        pid = st.get("pid")
+        names = lab.namespaces()
+        if st.get("status") == "building" and state.building_now(st) and pid != os.getpid():
+            continue  # still being built
+        if st.get("status") == "building":
+            reason = f"build interrupted (process {pid} is gone)"
+        elif not any(nsutil.exists(n) for n in names):
+            reason = "record of a lab whose namespaces are gone"
+        elif everything:
+            reason = "--all"
+        else:
+            continue
+        out.append(CleanResult(lab.name, reason, backend_of(lab).destroy(lab)))
+    return out

@@ -1,0 +1,66 @@
+"""Looking at a running lab: the plan merged with what the kernel and the helpers say now."""
+from __future__ import annotations
+
+import json
+import os
+
+from labctl import procs, state
+from labctl.backends import nsutil, rtnl
+from labctl.lifecycle.labs import load_plan
+
+OPERSTATE = {0: "unknown", 1: "notpresent", 2: "down", 3: "lowerlayerdown", 4: "testing", 5: "dormant",
+             6: "up"}
+
+
+def live_links(namespace: str) -> dict[str, dict]:
+    with nsutil.netlink_socket(namespace) as sock:
+        return rtnl.link_dump(sock)
+
+
+def status(lab: state.LabDir) -> dict:
+    """The plan merged with what the kernel says now (namespace present, port state and counters)."""
+    plan = load_plan(lab)
+    st = lab.read_state()
+    nodes = []
+    for node in plan.nodes:
+        present = nsutil.exists(node.namespace)
+        live = live_links(node.namespace) if present and os.geteuid() == 0 else {}
+        ports = []
+        for i in node.interfaces:
+            info = live.get(i.name, {})
+            ports.append({"name": i.name, "address": i.address, "peer": f"{i.peer_node}:{i.peer_iface}",
+                          "fabric": i.fabric, "rate_bps": i.shaping.rate_bps,
+                          "state": OPERSTATE.get(info.get("operstate"), "absent") if live else "unknown",
+                          **{k: info.get(k) for k in rtnl.STATS_FIELDS if k in info}})
+        nodes.append({"name": node.name, "kind": node.kind, "namespace": node.namespace, "present": present,
+                      "loopback": node.loopback, "rank": node.rank, "interfaces": ports})
+    return {"lab": plan.lab, "status": st.get("status"), "topology_file": st.get("topology_file"),
+            "dilation": plan.dilation, "nodes": nodes, "helpers": helpers(lab)}
+
+
+def helpers(lab: state.LabDir) -> list[dict]:
+    """Each helper process the lab needs (controller, WAN line): running or not, and what it reports."""
+    st = lab.read_state()
+    journaled = {int(e.partition(":")[0]): e for e in lab.journaled("pid") if e.partition(":")[0].isdigit()}
+    out = []
+    for name, key, report in (("controller", "controller_pid", "pfc.json"), ("WAN line", "line_pid", "wan.json")):
+        pid = st.get(key)
+        if not pid:
+            continue
+        alive = pid in journaled and procs.verified(journaled[pid]) == pid
+        try:
+            doc = json.loads((lab.path / report).read_text())
+        except (OSError, ValueError):
+            doc = {}
+        notes = []
+        if "reaction_hist" in doc:
+            from labctl.telemetry import reaction
+            plan = load_plan(lab)
+            notes.append(reaction.describe(reaction.summary(reaction.Histogram.from_list(doc["reaction_hist"]),
+                                                            plan.pfc_response_s)))
+        errors = doc.get("errors") or []
+        if errors:
+            notes.append(f"{len(errors)} refused change(s), last: {errors[-1]}")
+        out.append({"helper": name, "pid": pid, "running": alive, "errors": errors,
+                    "note": "; ".join(notes) if alive else f"NOT RUNNING: see {lab.path / (key.split('_')[0] + '.log')}"})
+    return out

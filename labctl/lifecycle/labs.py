@@ -1,0 +1,64 @@
+"""Finding a lab: by its name or the topology file it was built from, never by a path to its record."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from labctl import backends, paths, state
+from labctl.errors import LabError, NotRootError
+from labctl.plan.model import LabPlan
+from labctl.topology.load import render_topology
+from labctl.topology.yamlpos import load_yaml
+
+
+def require_root(what: str) -> None:
+    if os.geteuid() != 0:
+        raise NotRootError(what)
+
+
+def find_lab(name_or_file: str) -> state.LabDir:
+    """A lab by name, or by the topology file it was built from (the file need not exist for a name).
+
+    Never by a path to its record: `down` deletes what it finds, so `labctl down /` or `down ..`
+    must name nothing."""
+    if state.valid_lab_name(name_or_file):
+        lab = state.lab_dir(name_or_file)
+        if lab.path.is_dir():
+            return lab
+    path = Path(name_or_file)
+    if paths.is_file(path):
+        text, smap, _ = render_topology(path)
+        data, _ = load_yaml(text, smap.file)
+        lab_name = data.get("name") if isinstance(data, dict) else None
+        if state.valid_lab_name(lab_name) and state.lab_dir(lab_name).path.is_dir():
+            return state.lab_dir(lab_name)
+        raise LabError(f"the lab of {name_or_file} ({lab_name!r}) is not up",
+                       f"`labctl up {name_or_file}` to build it; `labctl status` lists running labs")
+    running = [d.name for d in state.all_labs()]
+    what = "no lab named" if state.valid_lab_name(name_or_file) else "neither a lab name nor a topology file:"
+    raise LabError(f"{what} {name_or_file!r}",
+                   f"running labs: {', '.join(running)}" if running else "no lab is up; `labctl up FILE`")
+
+
+def default_lab(name: str | None) -> state.LabDir:
+    if name:
+        return find_lab(name)
+    labs = state.all_labs()
+    if len(labs) == 1:
+        return labs[0]
+    if not labs:
+        raise LabError("no lab is up", "`labctl up topologies/leaf-spine.yml`")
+    raise LabError(f"{len(labs)} labs are up ({', '.join(d.name for d in labs)})", "say which with --lab NAME")
+
+
+def load_plan(lab: state.LabDir) -> LabPlan:
+    try:
+        return LabPlan.from_dict(lab.read_plan())
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise LabError(f"the record of lab {lab.name!r} is unreadable ({exc})",
+                       "`labctl clean --all` removes it") from None
+
+
+def backend_of(lab: state.LabDir):
+    """The backend that built the lab, as its record says."""
+    return backends.get(lab.read_state().get("backend", "netns"))

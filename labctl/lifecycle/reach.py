@@ -1,0 +1,94 @@
+"""Where traffic goes in a running lab: a flow's path as each kernel hashes it, and every pair's reachability."""
+from __future__ import annotations
+
+import os
+import subprocess
+
+from labctl.backends import nsutil, rtnl
+from labctl.errors import LabError
+from labctl.kinds import fabric_kind, node_kind
+from labctl.lifecycle import targets
+from labctl.lifecycle.labs import require_root
+from labctl.plan.model import LabPlan
+
+
+def trace_path(plan: LabPlan, start: str, dest: str, sport: int | None, dport: int | None,
+               proto: int = 17) -> list[dict]:
+    """Hop by hop, ask each node's kernel where this flow goes (the ECMP hash with its 5-tuple)."""
+    require_root("labctl route")
+    dst = targets.address(plan, dest)
+    owner = {i.address.split("/")[0]: (n, i) for n in plan.nodes for i in n.interfaces if i.address}
+    owner.update({n.loopback.split("/")[0]: (n, None) for n in plan.nodes if n.loopback})
+    node = targets.node(plan, start)
+    src = None
+    iif = None
+    hops = []
+    for _ in range(64):
+        if dst in owner and owner[dst][0].name == node.name:
+            hops.append({"node": node.name, "out": None, "via": None})
+            return hops
+        with nsutil.entered(node.namespace):
+            sock = rtnl.open_socket()
+        try:
+            got = rtnl.route_get(sock, dst, src=src, iif=iif, proto=proto, sport=sport, dport=dport)
+        except rtnl.NetlinkError as exc:
+            raise LabError(f"{node.name} cannot route to {dst}: {os.strerror(exc.code)}") from None
+        finally:
+            sock.close()
+        out = next((i for i in node.interfaces if i.index == got.get("oif")), None)
+        if out is None:
+            raise LabError(f"{node.name} has no route toward {dst}")
+        if src is None:
+            # the host's own lookup once more with its source address: the L4 hash includes it
+            src = out.address.split("/")[0]
+            continue
+        hops.append({"node": node.name, "out": out.name, "via": got.get("gateway")})
+        nxt = plan.node(out.peer_node)
+        if nxt.bridged:     # across an L2 segment: the next hop is whoever holds the gateway (or dst)
+            holder = owner.get(got.get("gateway") or dst)
+            if holder is None or holder[1] is None:
+                raise LabError(f"{node.name} sends toward {got.get('gateway') or dst} across a bridge, "
+                               "and no port on the segment holds that address")
+            node, iif = holder[0], holder[1].index
+            continue
+        iif = nxt.iface(out.peer_iface).index
+        node = nxt
+    raise LabError(f"no path from {start} to {dest} within 64 hops (a routing loop?)")
+
+
+def ping_pairs(plan: LabPlan, fabric: str | None = None) -> list[tuple]:
+    """(from node, to node, to port) for every pair of end hosts that share a fabric; a fabric with
+    islands (NVLink) pairs only hosts of one island (one server)."""
+    pairs = []
+    for f, spec in plan.fabrics.items():
+        if fabric and f != fabric:
+            continue
+        members = [(n, i) for n in plan.nodes if node_kind(n.kind).end_host for i in n.interfaces if i.fabric == f]
+        island = fabric_kind(spec.kind).islands
+        pairs += [(a, b, bi) for a, _ in members for b, bi in members
+                  if a.name != b.name and (not island or getattr(a, island) == getattr(b, island))]
+    return pairs
+
+
+def pingall(plan: LabPlan, fabric: str | None = None, parallel: int = 64, sample: int | None = None,
+            backend=None, seed: int = 1) -> tuple[int, list[tuple[str, str]]]:
+    """Ping every host from every other host over each fabric they share (Mininet's pingall), or a
+    random `sample` of those pairs (seeded: the same pairs every time).
+
+    Returns the number of pairs tried and the pairs that failed. Pings run `parallel` at a time.
+    """
+    import random
+    from labctl import backends
+    require_root("labctl pingall")
+    backend = backend or backends.get("netns")
+    pairs = ping_pairs(plan, fabric)
+    if sample is not None and sample < len(pairs):
+        pairs = random.Random(seed).sample(pairs, sample)
+    failed = []
+    for start in range(0, len(pairs), parallel):
+        running = [(a, b, subprocess.Popen(backend.exec_argv(a, ["ping", "-n", "-q", "-c", "1", "-W", "2",
+                                                                 bi.address.split("/")[0]]),
+                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                   for a, b, bi in pairs[start:start + parallel]]
+        failed += [(a.name, b.name) for a, b, p in running if p.wait() != 0]
+    return len(pairs), failed

@@ -1,0 +1,81 @@
+"""Changing a running lab: cut and restore links (routes reconverge), port rates, ECN and PFC settings."""
+from __future__ import annotations
+
+from labctl import state
+from labctl.errors import LabError
+from labctl.lifecycle.labs import backend_of
+from labctl.plan.model import LabPlan, Node
+from labctl.plan.routing import routes_without
+from labctl.units import parse_rate, parse_size
+
+
+def set_link_state(lab: state.LabDir, plan: LabPlan, node: Node, iface: str, up: bool) -> int:
+    """Cut or restore a link (both ends) and reconverge every node's routes, as BGP would.
+
+    Routes are static in a lab, so without this the other switches would keep hashing flows
+    toward the dead link. Returns how many routes changed.
+    """
+    backend = backend_of(lab)
+    port = node.iface(iface)
+    peer = plan.node(port.peer_node)
+    down = set(lab.read_state().get("links_down", []))
+    old = routes_without(plan, down)
+    down = down - {port.link} if up else down | {port.link}
+    for n, i in ((node, port), (peer, peer.iface(port.peer_iface))):
+        backend.set_link(n, i, up)
+    new = routes_without(plan, down)
+    changed = sum(backend.replace_routes(n, old[n.name], new[n.name]) for n in plan.nodes
+                  if old[n.name] != new[n.name])
+    lab.write_state(links_down=sorted(down))
+    return changed
+
+
+def set_rate(lab: state.LabDir, node: Node, iface: str, rate_bps: int) -> None:
+    backend_of(lab).set_rate(node, node.iface(iface), rate_bps)
+
+
+SIZES, FRACTIONS, SWITCHES = ("kmin", "kmax", "xoff", "xon"), ("pmax",), ("ecn", "pfc")
+
+
+def settings_from_text(values: dict) -> dict:
+    """`tc set` options as users give them (sizes like 200KB, on/off) as the controller's settings."""
+    out = {}
+    for name, value in values.items():
+        if value is None:
+            continue
+        try:
+            if name in SIZES:
+                out[name] = parse_size(value)
+            elif name in FRACTIONS:
+                out[name] = float(value)
+            elif name in SWITCHES:
+                if value not in (True, False, "on", "off"):
+                    raise ValueError(f"{value!r} is not on or off")
+                out[name] = value in (True, "on")
+            else:
+                raise LabError(f"{name!r} is not a setting of tc set", "settings: rate, ecn, kmin, kmax, pmax, "
+                               "pfc, xoff, xon, class")
+        except ValueError as exc:
+            raise LabError(f"--{name}: {exc}") from None
+    return out
+
+
+def tc_set(lab: state.LabDir, plan: LabPlan, node: Node, iface: str | None, class_name: str | None = None,
+           rate: str | None = None, **settings) -> tuple[int | None, int]:
+    """A port's rate (at once, in the kernel) and ECN/PFC settings (through the controller, confirmed).
+    Returns (the new rate or None, how many port classes took the settings)."""
+    from labctl.dataplane import control
+    changes = settings_from_text(settings)
+    if rate is None and not changes:
+        raise LabError("nothing to change", "give --rate, --ecn, --kmin/--kmax/--pmax, --pfc or --xoff/--xon")
+    bps = None
+    if rate is not None:
+        if iface is None:
+            raise LabError("--rate needs a port", f"write NODE:PORT, e.g. {node.name}:{node.interfaces[0].name}")
+        try:
+            bps = parse_rate(rate)
+        except ValueError as exc:
+            raise LabError(f"--rate: {exc}") from None
+        set_rate(lab, node, iface, bps)
+    count = control.apply(lab.path, plan, node, iface, class_name, changes) if changes else 0
+    return bps, count

@@ -1,0 +1,117 @@
+"""Per-port queueing, as numbers: traffic classes, their HTB handles and shares, the ECN profile,
+and the PFC headroom and XOFF of each lossless class (pure: no kernel).
+
+Each egress port: HTB root 1: at the link rate; one HTB class 1:(0x10+tc) per traffic class,
+guaranteed its weight's share of the link and allowed to borrow up to all of it; strict classes
+borrow first (HTB prio 0); a byte-limited bfifo leaf (0x20+tc): per class. Packets are put in a
+class through skb->priority = 1:(0x10+tc): by nftables on forwarding nodes (from DSCP), by
+SO_PRIORITY in the traffic agents on hosts.
+"""
+from __future__ import annotations
+
+from labctl.plan import model
+
+ETH_HEADER = 14
+
+HTB_ROOT = 0x10000      # 1:
+HTB_LINK = 0x10001      # 1:1, the link rate
+
+
+def class_minor(tc: int) -> int:
+    return 0x10 + tc
+
+
+def class_handle(tc: int) -> int:
+    return 0x10000 | class_minor(tc)
+
+
+def leaf_handle(tc: int) -> int:
+    return (0x20 + tc) << 16
+
+
+def priority_value(tc: int) -> int:
+    """skb->priority (SO_PRIORITY) that HTB maps straight to class 1:(0x10+tc)."""
+    return class_handle(tc)
+
+
+def lossless_tbf_rate(link_bps: int) -> int:
+    """A lossless class's TBF leaf runs far above the link (HTB shapes) until a PFC pause sets it to 8 bit/s."""
+    return 10 * link_bps
+
+
+def lossless_tbf_burst(link_bps: int, frame: int) -> int:
+    return max(64 * 1024, 4 * frame, link_bps // 8 // 1000)
+
+
+def class_rates(classes: list[dict], link_bps: int) -> list[int]:
+    total = sum(c["weight"] for c in classes)
+    return [max(8_000, link_bps * c["weight"] // total) for c in classes]
+
+
+def marking_probability(depth: int, kmin: int, kmax: int, pmax: float) -> float:
+    """The ECN profile (RED-like on instantaneous depth): 0 below Kmin, linear to Pmax at Kmax, 1 above."""
+    if depth < kmin:
+        return 0.0
+    if depth > kmax:
+        return 1.0
+    return pmax * (depth - kmin) / (kmax - kmin)
+
+
+def ce_counter_name(ifindex: int, tc: int) -> str:
+    """The named nft counter of the packets a port's class marked CE (written by the controller's
+    marking rules, read by the sampler and `tc show`)."""
+    return f"ce_{ifindex}_{tc}"
+
+
+def dscp_map(classes: list[dict]) -> dict[int, int]:
+    """DSCP → traffic class for every DSCP a class names (the rest go to the default class)."""
+    return {d: c["tc"] for c in classes for d in c["dscp"]}
+
+
+# Lab time from a queue passing XOFF to its feeders stopped: the controller's worst-case reaction,
+# measured on the development machine (telemetry/reaction.py, docs/design.md §10). Over 40 bundled
+# incasts, 20 of them beside two CPU-burning processes, the worst was 14.5 ms and the p99 at most
+# 6.5 ms. Every lossless test checks that each run's worst stayed within this.
+PFC_RESPONSE_S = 0.02
+
+
+def headroom(lab_rate_bps: int, feeders: int, lab_delay_ns: int, frame: int) -> int:
+    """Buffer above XOFF for what still arrives once the queue passes it, from every feeding port at
+    once (the switch watches its egress queue, not per-ingress counters): a round trip of the link
+    (the pause travelling out, the last data travelling in) plus the controller's reaction, plus two
+    frames (one may leave a paused port, one may be on the wire)."""
+    seconds = 2 * lab_delay_ns / 1e9 + PFC_RESPONSE_S
+    return int(max(1, feeders) * lab_rate_bps / 8 * seconds) + 2 * frame
+
+
+def bdp_bytes(rate_bps: int, one_way_ns: int) -> int:
+    """Bandwidth x round trip: the buffer a single window-limited flow needs to keep the link full
+    (the same in the lab: rates / D and times x D)."""
+    return int(rate_bps / 8 * 2 * one_way_ns / 1e9)
+
+
+def shaping_for(lab_rate_bps: int, mtu: int, buffer_bytes: int, classes=(), lossless_fabric: bool = False,
+                feeders: int = 1, lab_delay_ns: int = 0, pfc_quanta: int = 0xFFFF,
+                class_buffer: int | None = None, credit_based: bool = False) -> model.Shaping:
+    """`class_buffer` gives every class that buffer (a WAN link's deep buffer) instead of its own.
+    `credit_based` (NVLink): a lossless class's buffer grows to hold its whole headroom above XOFF,
+    as a credit loop is sized to the link, where Ethernet PFC caps the headroom at half the buffer."""
+    frame = mtu + ETH_HEADER
+    burst = max(lab_rate_bps // 8 // 1000, 2 * frame)
+    specs = [c.model_dump() for c in classes]
+    if class_buffer:
+        for c in specs:
+            c["buffer"] = class_buffer
+    plans: list[model.ClassPlan] = []
+    for c, rate in zip(specs, class_rates(specs, lab_rate_bps)):
+        lossless = c["lossless"] and lossless_fabric
+        room = c["headroom"] or headroom(lab_rate_bps, feeders, lab_delay_ns, frame)
+        if lossless and credit_based:
+            c["buffer"] = max(c["buffer"], c["buffer"] // 2 + room)
+        xoff = max(2 * frame, c["buffer"] - min(room, c["buffer"] // 2)) if lossless else 0
+        plans.append(model.ClassPlan(name=c["name"], tc=c["tc"], dscp=list(c["dscp"]), rate_bps=rate,
+                                     prio=0 if c["strict"] else 1, buffer_bytes=c["buffer"], lossless=lossless,
+                                     ecn=c["ecn"], xoff_bytes=xoff, xon_bytes=max(0, xoff - 2 * frame)
+                                     if lossless else 0, pfc_quanta=pfc_quanta))
+    return model.Shaping(rate_bps=lab_rate_bps, burst_bytes=burst, quantum=frame, buffer_bytes=buffer_bytes,
+                         classes=plans)
