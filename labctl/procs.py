@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 
 # Scheduling of the lab's own processes. The controller and the WAN line stand in for switch
 # hardware, which never waits for the hosts' CPUs: they run SCHED_FIFO. Whatever holds the
@@ -91,3 +92,12 @@ def realtime(priority: int = RTNL_READER_RT_PRIORITY):
         with contextlib.suppress(OSError):
             os.sched_setscheduler(0, policy, param)
             os.setpriority(os.PRIO_PROCESS, 0, nice)
+
+
+def raise_fd_limit(need: int) -> None:
+    """A large lab needs thousands of descriptors (sockets per namespace and per port): raise the soft
+    limit toward the hard one, as far as needed."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < need:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(need, hard) if hard != resource.RLIM_INFINITY else need,
+                                                    hard))

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import random
-import select
 import socket
 import time
 from collections import deque
@@ -24,6 +23,7 @@ from labctl.backends import nsutil, wires
 from labctl import helpers
 from labctl.helpers import Publisher
 from labctl.plan.model import LabPlan, Link
+from labctl.wakeup import Waiter
 from labctl.wan import esp
 
 ETH_P_ALL = 0x0003
@@ -161,12 +161,14 @@ class Line:
 
     def run(self) -> None:
         last = 0.0
-        fds = list(self.readers)
+        waiter = Waiter()                 # not select(): no ceiling on descriptors, nanosecond deadlines
+        for fd in self.readers:
+            waiter.register(fd)
         while True:
             now = time.monotonic()
             due = [t for t in (d.next_release() for d in self.dirs) if t is not None]
             timeout = max(0.0, min(due) - now) if due else COUNTERS_EVERY
-            readable, _, _ = select.select(fds, [], [], min(timeout, COUNTERS_EVERY))
+            readable = waiter.wait(min(timeout, COUNTERS_EVERY))
             now = time.monotonic()
             for fd in readable:
                 for handler in self.readers[fd]:
