@@ -34,6 +34,17 @@ def test_a_bridged_segment_reaches_every_pair_and_routes_through_its_router(buil
     assert not [a for x in addrs if x["ifname"] != "lo" for a in x.get("addr_info", [])]   # L2 only
     hops = [h["node"] for h in labmod.trace_path(plan, "g2", "h4", 49152, 4791)]
     assert hops == ["g2", "r1", "h4"], hops
+    # every member of the segment knows every other member's MAC before any traffic (no ARP wait)
+    for seg in plan.segments:
+        members = {(e.split(":")[0], e.split(":")[1]) for k in seg.links for e in (plan.links[k].a, plan.links[k].b)
+                   if not plan.node(e.split(":")[0]).bridged}
+        for node, port in members:
+            neigh = json.loads(subprocess.run(["ip", "-n", plan.node(node).namespace, "-j", "neigh", "show", "dev",
+                                               port], capture_output=True, text=True, check=True).stdout)
+            have = {(e["dst"], e["lladdr"]) for e in neigh if "PERMANENT" in e.get("state", [])}
+            want = {(plan.node(n).iface(p).address.split("/")[0], plan.node(n).iface(p).mac)
+                    for n, p in members if (n, p) != (node, port)}
+            assert want and want <= have, (node, port, want - have)
 
 
 def test_a_roce_incast_through_bridges_is_lossless_with_pauses_and_marks(built_lab, tmp_path):

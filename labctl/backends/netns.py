@@ -11,12 +11,11 @@ Everything made is journaled first; any failure destroys what the journal lists.
 from __future__ import annotations
 
 import os
-import resource
 import socket
 import time
 
 from labctl import procs
-from labctl.backends import netconf, nsutil, rps, rtnl, wires
+from labctl.backends import neighbours, netconf, nsutil, rps, rtnl, wires
 from labctl.backends.base import Backend, Progress, quiet
 from labctl.errors import LabError
 from labctl.plan.model import LabPlan
@@ -28,7 +27,7 @@ class NetnsBackend(Backend):
     description = "Linux network namespaces and veth pairs, built over rtnetlink (the default)"
 
     def apply(self, plan: LabPlan, lab: LabDir, progress: Progress = quiet) -> None:
-        _raise_fd_limit(3 * len(plan.nodes) + 6 * len(wires.wired(plan)) + 64)
+        procs.raise_fd_limit(3 * len(plan.nodes) + 6 * len(wires.wired(plan)) + 64)
         for node in plan.nodes:
             if nsutil.exists(node.namespace):
                 raise LabError(f"namespace {node.namespace!r} already exists; it is not this lab's to reuse",
@@ -53,21 +52,24 @@ class NetnsBackend(Backend):
             _steer_without_default_mask(plan, handles)
             for i, node in enumerate(plan.nodes):
                 h = handles[node.name]
-                netconf.configure(node, h.nl, h.ioctl, wires.static_neighbours(plan, node.name))
-                netconf.classify(node)
+                netconf.configure(node, h.nl, h.ioctl, neighbours.of_node(plan, node.name))
                 progress("configure", i + 1, len(plan.nodes))
             for link in wires.wired(plan):
                 _configure_line(link, handles)
             _wait_links_up(plan, handles)
+            for h in handles.values():
+                h.close()
+            handles.clear()
+            # after the handles are closed: libnftables waits with select(), so its socket must get a
+            # descriptor below FD_SETSIZE, and a 1,024-GPU lab holds thousands while it builds
+            for node in plan.nodes:
+                netconf.classify(node)
         except BaseException:
             for h in handles.values():
                 h.close()
             handles.clear()
             self.destroy(lab)
             raise
-        finally:
-            for h in handles.values():
-                h.close()
 
     def _create_links(self, plan: LabPlan, handles: dict[str, "_NsHandles"], progress: Progress) -> None:
         sock = rtnl.open_socket()
@@ -171,9 +173,3 @@ def _wait_links_up(plan: LabPlan, handles: dict[str, _NsHandles], timeout: float
         wanted += [(ns, {name}) for ns, name, _ in wires.ports(link)]
     for name, want in wanted:
         netconf.wait_up(handles[name].nl, name, want, deadline)
-
-
-def _raise_fd_limit(need: int) -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < need:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (min(max(need, soft), hard), hard))

@@ -4,12 +4,11 @@
 
 The near and far namespaces hold no addresses and forward nothing: the line process
 (labctl.wan.line) moves frames between their ports with AF_PACKET sockets, holding them for the
-link's delay. The two routers at the ends know each other's MAC statically, so nothing but their
-IP traffic crosses the line (no ARP on an encrypted WAN).
+link's delay. The two routers at the ends know each other's MAC statically, as every port of a
+lab knows its neighbours' (neighbours.py), so nothing but their IP traffic crosses the line (no
+ARP on an encrypted WAN).
 """
 from __future__ import annotations
-
-import struct
 
 from labctl.backends import rtnl
 from labctl.plan.model import LabPlan, Link
@@ -17,8 +16,6 @@ from labctl.plan.model import LabPlan, Link
 SYSCTLS = {"net.ipv6.conf.all.disable_ipv6": "1", "net.ipv6.conf.default.disable_ipv6": "1",
            "net.ipv4.ip_forward": "0"}
 FIBRE_INDEX = 1_000_000          # fibre ends: 1e6 + 2 link (near) and + 1 (far), unlike their peers
-RTM_NEWNEIGH, NDA_DST, NDA_LLADDR, NUD_PERMANENT = 28, 1, 2, 0x80
-NLM_F_REPLACE = 0x100
 
 
 def wired(plan: LabPlan) -> list[Link]:
@@ -57,20 +54,3 @@ def veths(plan: LabPlan, link: Link, ns_fds: dict[str, int], node_fds: dict[str,
     ]
 
 
-def neighbour(ifindex: int, address: str, mac: str) -> tuple[int, int, bytes]:
-    """A permanent ARP entry (ip neigh replace ADDRESS lladdr MAC nud permanent dev IFINDEX)."""
-    body = (struct.pack("BxxxiHBB", 2, ifindex, NUD_PERMANENT, 0, 1)
-            + rtnl.attr(NDA_DST, rtnl.ip4(address)) + rtnl.attr(NDA_LLADDR, rtnl.mac_bytes(mac)))
-    return RTM_NEWNEIGH, rtnl.NLM_F_REQUEST | rtnl.NLM_F_ACK | rtnl.NLM_F_CREATE | NLM_F_REPLACE, body
-
-
-def static_neighbours(plan: LabPlan, node_name: str) -> list[tuple[tuple, str]]:
-    """For a node's ports on wired links: the peer's address -> the peer's MAC."""
-    node = plan.node(node_name)
-    out = []
-    for i in node.interfaces:
-        if plan.links[i.link].wire is None:
-            continue
-        peer_mac = plan.node(i.peer_node).iface(i.peer_iface).mac
-        out.append((neighbour(i.index, i.peer_address, peer_mac), f"{node.name}:{i.name}: neighbour {i.peer_address}"))
-    return out

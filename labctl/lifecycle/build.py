@@ -12,21 +12,29 @@ from labctl.kinds import node_kind
 from labctl.lifecycle.labs import backend_of, find_lab, require_root
 from labctl.plan.compile import compile_plan
 from labctl.plan.model import LabPlan
-from labctl.topology.load import load_topology
+from labctl.topology import sources
+from labctl.topology.load import Loaded
 
 
-def up(file: str, sets=(), name: str | None = None, template_dirs=(), backend: str = "netns",
-       progress=None) -> tuple[LabPlan, state.LabDir, float]:
-    loaded = load_topology(file, sets, template_dirs, name)
+def up(file: str | None, sets=(), name: str | None = None, template_dirs=(), backend: str = "netns",
+       progress=None, topo: str | None = None) -> tuple[LabPlan, state.LabDir, float]:
+    """Build a lab file (or, with `topo`, a Mininet topology: see topology/sources.py)."""
+    loaded = sources.load(file, sets, template_dirs, name, topo)
+    return build(loaded, backend, progress, str(Path(file).resolve()) if file else f"mininet:{topo}")
+
+
+def build(loaded: Loaded, backend: str = "netns", progress=None,
+          topology_file: str | None = None) -> tuple[LabPlan, state.LabDir, float]:
+    """Build a loaded (validated) lab: its plan, by `backend`, with a record in the state directory."""
     plan = compile_plan(loaded)
     builder = backends.get(backend)
     for node in plan.nodes:
         if backend not in node_kind(node.kind).backends:
-            raise InputError(Where(str(file), key=f"nodes.{node.name}.kind"),
+            raise InputError(Where(str(loaded.file), key=f"nodes.{node.name}.kind"),
                              f"backend {backend!r} cannot build a {node.kind} node ({node.name})",
                              f"kind {node.kind} is built by: {', '.join(node_kind(node.kind).backends)}")
     require_root("labctl up")
-    lab = state.claim(plan.lab, plan.to_dict(), str(Path(file).resolve()))
+    lab = state.claim(plan.lab, plan.to_dict(), topology_file)
     lab.write_state(backend=backend)       # before anything exists: `clean` must know who built it
     t0 = time.perf_counter()
     kwargs = {"progress": progress} if progress else {}
@@ -38,8 +46,9 @@ def up(file: str, sets=(), name: str | None = None, template_dirs=(), backend: s
         builder.destroy(lab)
         raise
     elapsed = time.perf_counter() - t0
-    from labctl.telemetry.ledger import softnet_drops
-    lab.write_state(status="up", pid=None, build_seconds=round(elapsed, 3), softnet_drops_at_up=softnet_drops())
+    from labctl.telemetry import ledger
+    lab.write_state(status="up", pid=None, build_seconds=round(elapsed, 3),
+                    machine_counters_at_up=ledger.machine_wide_text())
     return plan, lab, elapsed
 
 

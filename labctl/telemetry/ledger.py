@@ -5,7 +5,10 @@ Places, each read before and after a run (the ledger is the difference):
   * device drops and errors, rx and tx, per port (a veth whose peer could not take the packet),
     less the controller's kick frames, which no protocol takes and the kernel counts as rx drops;
   * per-CPU backlog drops (/proc/net/softnet_stat: the kernel's input queue was full; machine-wide);
-  * UDP receive-buffer and input errors per namespace (/proc/net/snmp: an agent too slow to read);
+  * IP discards and routing failures per namespace, and UDP receive-buffer and input errors
+    (/proc/net/snmp: a forwarding node out of memory or routes, an agent too slow to read);
+  * packets dropped while waiting for ARP (/proc/net/stat/arp_cache, machine-wide: labctl writes
+    every neighbour in at build time, so this stays 0 unless something else flushed them);
   * frames the WAN line lost on purpose or dropped for want of room (wan.json).
 
 Switch ports carry single packets (the hosts' NICs segment before the wire: veths have no UDP
@@ -25,6 +28,8 @@ from labctl.plan.model import LabPlan
 
 DEVICE_FIELDS = ("rx_dropped", "tx_dropped", "rx_errors", "tx_errors")
 UDP_FIELDS = ("RcvbufErrors", "InErrors")
+IP_FIELDS = ("InDiscards", "InHdrErrors", "InAddrErrors", "OutDiscards", "OutNoRoutes")
+MACHINE_WIDE = (("softnet", "backlog drops"), ("neighbour", "unresolved discards"))
 WAN_FIELDS = ("lost", "overflow", "bad_icv")
 
 
@@ -45,10 +50,11 @@ def snapshot(plan: LabPlan, lab_path: Path | None = None) -> dict[tuple, int]:
                 out[("device", node.name, i.name, field)] = links.get(i.name, {}).get(field, 0)
             out[("device", node.name, i.name, "rx_dropped")] -= kicks.get((node.name, i.name), 0)
         with nsutil.entered(node.namespace):
-            udp = _udp_counters()
-        for field in UDP_FIELDS:
-            out[("udp", node.name, "", field)] = udp.get(field, 0)
-    out[("softnet", "", "", "backlog drops")] = _softnet_drops()
+            snmp = _snmp()
+        for proto, fields in (("Udp", UDP_FIELDS), ("Ip", IP_FIELDS)):
+            for field in fields:
+                out[(proto.lower(), node.name, "", field)] = snmp.get(proto, {}).get(field, 0)
+    out.update(machine_wide())
     if lab_path is not None:
         for d in _wan_directions(Path(lab_path)):
             for field in WAN_FIELDS:
@@ -77,14 +83,15 @@ def since_up(plan: LabPlan, lab) -> dict:
     """The ledger of everything since the lab came up: its namespaces' counters started at zero
     then; the machine-wide per-CPU backlog drops are counted from the value `up` recorded."""
     after = snapshot(plan, lab.path)
-    before = {("softnet", "", "", "backlog drops"): int(lab.read_state().get("softnet_drops_at_up", 0))}
+    at_up = lab.read_state().get("machine_counters_at_up", {})
+    before = {(place, "", "", what): int(at_up.get(f"{place} {what}", 0)) for place, what in MACHINE_WIDE}
     return ledger(before, after, plan, 0)
 
 
 def summary(led: dict) -> str:
     """One line for the run's report."""
     if not led["places"] and not led["psn_gaps"]:
-        return "loss ledger: nothing lost anywhere (queues, devices, CPU backlogs, sockets, WAN line)"
+        return "loss ledger: nothing lost anywhere (queues, devices, CPU backlogs, ARP, IP, sockets, WAN line)"
     where = ", ".join(f"{p['count']} {p['place']} {p['what']} at {p['node']}{':' + p['port'] if p['port'] else ''}"
                       for p in sorted(led["places"], key=lambda p: -p["count"])[:4])
     more = f" (+{len(led['places']) - 4} places)" if len(led["places"]) > 4 else ""
@@ -108,26 +115,44 @@ def _kicks_received(plan: LabPlan, lab_path: Path) -> dict[tuple[str, str], int]
     return out
 
 
-def _udp_counters() -> dict[str, int]:
-    """The calling thread's namespace's UDP counters (/proc/thread-self/net follows setns)."""
+def _snmp() -> dict[str, dict[str, int]]:
+    """The calling thread's namespace's IP and UDP counters (/proc/thread-self/net follows setns)."""
     try:
-        lines = [ln.split() for ln in Path("/proc/thread-self/net/snmp").read_text().splitlines()
-                 if ln.startswith("Udp:")]
+        text = Path("/proc/thread-self/net/snmp").read_text()
     except OSError:
         return {}
-    if len(lines) < 2:
-        return {}
-    return {k: int(v) for k, v in zip(lines[0][1:], lines[1][1:])}
+    rows: dict[str, list[list[str]]] = {}
+    for line in text.splitlines():
+        proto, _, rest = line.partition(":")
+        rows.setdefault(proto, []).append(rest.split())
+    return {p: {k: int(v) for k, v in zip(r[0], r[1])} for p, r in rows.items() if len(r) == 2}
 
 
-def softnet_drops() -> int:
-    return _softnet_drops()
+def machine_wide() -> dict[tuple, int]:
+    """The counters no namespace owns: per-CPU backlog drops and ARP's unresolved discards."""
+    return {("softnet", "", "", "backlog drops"): _softnet_drops(),
+            ("neighbour", "", "", "unresolved discards"): _arp_unresolved_discards()}
+
+
+def machine_wide_text() -> dict[str, int]:
+    """machine_wide() as `up` records it in the lab's state."""
+    return {f"{k[0]} {k[3]}": v for k, v in machine_wide().items()}
 
 
 def _softnet_drops() -> int:
     """Packets dropped because a CPU's input backlog was full (second column, hex, per CPU)."""
     try:
         return sum(int(line.split()[1], 16) for line in Path("/proc/net/softnet_stat").read_text().splitlines())
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _arp_unresolved_discards() -> int:
+    """Packets the neighbour table dropped while an address was unresolved (summed over CPUs)."""
+    try:
+        lines = Path("/proc/net/stat/arp_cache").read_text().split("\n")
+        col = lines[0].split().index("unresolved_discards")
+        return sum(int(line.split()[col], 16) for line in lines[1:] if line.strip())
     except (OSError, IndexError, ValueError):
         return 0
 
