@@ -6,6 +6,7 @@ changes them while the lab runs (links, routes, rates). One netlink burst per na
 """
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import time
@@ -26,11 +27,14 @@ def commit(batch: rtnl.Batch) -> None:
         raise LabError(f"{exc.what} failed: {os.strerror(exc.code)}") from None
 
 
-def configure(node: Node, nl: socket.socket, ioctl: socket.socket, extra: list = ()) -> None:
-    """Ports up with checksums computed in software, addresses, shaping, the bridge, routes."""
+def configure(node: Node, nl: socket.socket, ioctl: socket.socket, extra: list = (), extra_first: list = ()) -> None:
+    """Ports up with checksums computed in software, addresses, shaping, the bridge, routes.
+    `extra_first` goes before all that (a backend that made the ports without their MTU), `extra` after."""
     for iface in node.interfaces:
         nsutil.tx_checksum_off(ioctl, iface.name)
     batch = rtnl.Batch(nl)
+    for request, what in extra_first:
+        batch.add(request, what)
     batch.add(rtnl.link_up(1), f"{node.name}: bringing up lo")
     if node.bridged:
         mtu = max((i.mtu for i in node.interfaces), default=1500)
@@ -108,8 +112,8 @@ def commit_in(namespace: str, requests: list[tuple[tuple, str]]) -> int:
     """Send (request, description) pairs to a namespace in one burst; returns how many were sent."""
     with nsutil.netlink_socket(namespace) as sock:
         batch = rtnl.Batch(sock)
-        for request, what in requests:
-            batch.add(request, what)
+        for request, what, *tolerate in requests:
+            batch.add(request, what, *tolerate)
         try:
             batch.commit()
         except rtnl.NetlinkError as exc:
@@ -131,7 +135,9 @@ def replace_routes(node: Node, old: list, new: list) -> int:
     index = {i.name: i.index for i in node.interfaces}
     requests = [(rtnl.route_replace(dst, [(via, index[dev], w) for via, dev, w in hops]), f"{node.name}: route {dst}")
                 for dst, hops in after.items() if before.get(dst) != hops]
-    requests += [(rtnl.route_del(dst), f"{node.name}: delete route {dst}") for dst in before.keys() - after.keys()]
+    # a port that went down took its routes with it: the kernel flushed them, which is what we wanted
+    requests += [(rtnl.route_del(dst), f"{node.name}: delete route {dst}", (errno.ESRCH,))
+                 for dst in before.keys() - after.keys()]
     return commit_in(node.namespace, requests) if requests else 0
 
 

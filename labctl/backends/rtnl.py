@@ -86,6 +86,10 @@ def bridge(name: str, index: int, mtu: int) -> tuple[int, int, bytes]:
     return RTM_NEWLINK, CREATE, body
 
 
+def set_mtu(index: int, mtu: int) -> tuple[int, int, bytes]:
+    return RTM_NEWLINK, CHANGE, ifinfo(index) + attr(IFLA_MTU, u32(mtu))
+
+
 def set_master(index: int, master: int) -> tuple[int, int, bytes]:
     """Enslave a port to a bridge."""
     return RTM_NEWLINK, CHANGE, ifinfo(index) + attr(IFLA_MASTER, u32(master))
@@ -209,11 +213,12 @@ class Batch:
         self.messages: list[tuple[bytes, str]] = []
         self.seq = 0
 
-    def add(self, request: tuple[int, int, bytes], what: str) -> None:
+    def add(self, request: tuple[int, int, bytes], what: str, tolerate: tuple[int, ...] = ()) -> None:
+        """Queue a request; errno values in `tolerate` count as done (a route the kernel already flushed)."""
         kind, flags, body = request
         self.seq += 1
         header = struct.pack("IHHII", 16 + len(body), kind, flags, self.seq, 0)
-        self.messages.append((header + body, what))
+        self.messages.append((header + body, (what, tolerate)))
 
     def commit(self) -> None:
         """Send everything; raise NetlinkError for the first request the kernel refused."""
@@ -226,9 +231,9 @@ class Batch:
             while waiting:
                 data = self.sock.recv(1 << 20)
                 for seq, code in _acks(data):
-                    what = waiting.pop(seq, None)
-                    if code and failure is None and what is not None:
-                        failure = NetlinkError(-code, what)
+                    entry = waiting.pop(seq, None)
+                    if code and failure is None and entry is not None and -code not in entry[1]:
+                        failure = NetlinkError(-code, entry[0])
             if failure:
                 self.messages.clear()
                 raise failure
@@ -326,6 +331,25 @@ def link_dump(sock: socket.socket) -> dict[str, dict]:
             info.update(zip(STATS_FIELDS, struct.unpack_from("8Q", attrs[IFLA_STATS64])))
         out[name] = info
     return out
+
+
+def link_indexes(sock: socket.socket) -> dict[str, int]:
+    """ifname → ifindex for every link in the socket's namespace."""
+    out = {}
+    header = struct.pack("IHHII", 16 + 16, RTM_GETLINK, NLM_F_REQUEST | NLM_F_DUMP, 1, 0)
+    sock.sendall(header + ifinfo())
+    while True:
+        data = sock.recv(1 << 20)
+        off = 0
+        while off + 16 <= len(data):
+            length, kind, _f, _s, _p = struct.unpack_from("IHHII", data, off)
+            if kind == NLMSG_DONE:
+                return out
+            if kind == NLMSG_ERROR:
+                raise NetlinkError(-struct.unpack_from("i", data, off + 16)[0], "link dump")
+            index = struct.unpack_from("i", data, off + 20)[0]
+            out[parse_attrs(data[off:off + length], 32).get(IFLA_IFNAME, b"").rstrip(b"\0").decode()] = index
+            off += _align(length)
 
 
 def link_states(sock: socket.socket) -> dict[str, int]:

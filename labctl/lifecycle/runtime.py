@@ -23,10 +23,11 @@ def set_link_state(lab: state.LabDir, plan: LabPlan, node: Node, iface: str, up:
     down = down - {port.link} if up else down | {port.link}
     for n, i in ((node, port), (peer, peer.iface(port.peer_iface))):
         backend.set_link(n, i, up)
+    # recorded before the routes move: if reconverging fails, the next call still knows the link's state
+    lab.write_state(links_down=sorted(down))
     new = routes_without(plan, down)
     changed = sum(backend.replace_routes(n, old[n.name], new[n.name]) for n in plan.nodes
                   if old[n.name] != new[n.name])
-    lab.write_state(links_down=sorted(down))
     return changed
 
 
