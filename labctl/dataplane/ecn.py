@@ -16,6 +16,26 @@ def threshold(p: float, steps: int = 1024) -> int:
     return round(p * steps) * SCALE // steps
 
 
+RAMP_STEPS = 16
+
+
+def level(depth: int, kmin: int, kmax: int, pmax: float, current: int = 0, steps: int = RAMP_STEPS) -> int:
+    """N for a queue `depth` bytes deep that marks with N now: the profile (qos.marking_probability)
+    with its ramp from Kmin to Kmax cut into `steps` levels, and a queue must move a quarter step
+    past a level's edge to leave it. Each change is an nftables transaction; with 1/1024 levels and
+    no dead band a queue hovering on the ramp changed the rules on nearly every read, and the
+    real-time controller spent a third of its time rewriting them instead of leaving the CPU to
+    the agents."""
+    if depth < kmin:
+        return 0
+    if depth > kmax:
+        return SCALE
+    pos = steps * (depth - kmin) / max(1, kmax - kmin)
+    if current < SCALE and abs(pos - round(current / SCALE * steps / pmax)) < 0.75:
+        return current
+    return threshold(pmax * round(pos) / steps)
+
+
 def chain_name(ifindex: int, tc: int) -> str:
     return f"ecn_{ifindex}_{tc}"
 
