@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""Bring-up and teardown of leaf-spine labs with 16, 64 and 128 GPU hosts: labctl vs Mininet.
+"""Bring-up and teardown of leaf-spine labs with 16, 64 and 128 GPU hosts, three ways side by side:
+labctl's netns backend, labctl's mininet backend, and plain Mininet building the same plan.
 
-Both build the same plan (namespaces or Mininet nodes, links, shaping; labctl also addresses and
-ECMP routes). Runs are interleaved (rep → size → tool) and the median of --reps is printed, with
-ms per GPU host and the Mininet/labctl ratio. Run as root:
+The two labctl backends build the whole lab (nodes, links, addresses, shaping, ECMP routes, the
+controller's classification); plain Mininet builds the nodes, links and shaping only. Runs are
+interleaved (rep → size → tool) and the median of --reps is printed, with ms per GPU host and each
+one's ratio to the netns backend. Run as root:
 
     sudo .venv/bin/python bench/bringup.py [--reps 3] [--sizes 16,64,128] [--no-mininet]
 """
@@ -36,15 +38,15 @@ SIZES = {  # GPU hosts → template vars
 MININET_PY = "/usr/bin/python3"
 
 
-def labctl_once(sets: list[str]) -> dict:
+def labctl_once(sets: list[str], backend: str = "netns") -> dict:
     name = f"bench{os.getpid() % 10000}"
     t0 = time.perf_counter()
     plan = compile_plan(load_topology(ROOT / "topologies" / "leaf-spine.yml", sets, name=name))
     t1 = time.perf_counter()
     lab = state.claim(name, plan.to_dict(), None)
-    backends.get("netns").apply(plan, lab)
+    backends.get(backend).apply(plan, lab)
     t2 = time.perf_counter()
-    backends.get("netns").destroy(lab)
+    backends.get(backend).destroy(lab)
     t3 = time.perf_counter()
     return {"up_s": t2 - t0, "compile_s": t1 - t0, "down_s": t3 - t2, "plan": plan}
 
@@ -81,35 +83,43 @@ def main() -> None:
     use_mn = not args.no_mininet and mininet_available()
     if not use_mn and not args.no_mininet:
         print("Mininet not found (apt-get install mininet bridge-utils): labctl only\n")
+    tools = ["netns", "mininet backend", "plain mininet"] if use_mn else ["netns"]
     results: dict[tuple[str, int], list[dict]] = {}
     for rep in range(args.reps):
         for n in sizes:
-            r = labctl_once(SIZES[n])
-            results.setdefault(("labctl", n), []).append(r)
-            if use_mn:
-                m = mininet_once(r["plan"])
-                if m:
-                    results.setdefault(("mininet", n), []).append(m)
-            print(f"rep {rep + 1} size {n}: labctl up {r['up_s']:.2f} s down {r['down_s']:.2f} s"
-                  + (f" | mininet up {m['up_s']:.2f} s down {m['down_s']:.2f} s" if use_mn and m else ""),
-                  file=sys.stderr)
+            line = []
+            for tool in tools:
+                if tool == "plain mininet":
+                    r = mininet_once(results[("netns", n)][-1]["plan"])
+                else:
+                    r = labctl_once(SIZES[n], "mininet" if tool == "mininet backend" else "netns")
+                if r:
+                    results.setdefault((tool, n), []).append(r)
+                    line.append(f"{tool} up {r['up_s']:.2f} s down {r['down_s']:.2f} s")
+            print(f"rep {rep + 1} size {n}: " + " | ".join(line), file=sys.stderr)
 
     def med(tool, n, key):
         vals = [x[key] for x in results.get((tool, n), [])]
         return statistics.median(vals) if vals else None
 
-    print(f"\nleaf-spine bring-up, median of {args.reps} (ms per GPU host; the lab also has its switches)")
-    head = f"{'GPU hosts':>9} {'nodes':>6} {'links':>6} | {'labctl up':>10} {'down':>7}"
-    if use_mn:
-        head += f" | {'mininet up':>10} {'down':>7} | {'up ratio':>8} {'down ratio':>10}"
+    print(f"\nleaf-spine bring-up, median of {args.reps}: ms per GPU host (the lab also has its switches); "
+          "ratio = time / netns backend's")
+    head = f"{'GPU hosts':>9} {'nodes':>6} {'links':>6}"
+    for tool in tools:
+        head += f" | {tool + ' up':>20} {'down':>7}" + ("" if tool == "netns" else f" {'ratio up/down':>14}")
     print(head)
     for n in sizes:
-        plan = results[("labctl", n)][0]["plan"]
-        lu, ld = med("labctl", n, "up_s"), med("labctl", n, "down_s")
-        row = f"{n:>9} {len(plan.nodes):>6} {len(plan.links):>6} | {lu / n * 1000:>10.2f} {ld / n * 1000:>7.2f}"
-        mu, md = med("mininet", n, "up_s"), med("mininet", n, "down_s")
-        if use_mn and mu:
-            row += f" | {mu / n * 1000:>10.2f} {md / n * 1000:>7.2f} | {mu / lu:>7.1f}x {md / ld:>9.1f}x"
+        plan = results[("netns", n)][0]["plan"]
+        lu, ld = med("netns", n, "up_s"), med("netns", n, "down_s")
+        row = f"{n:>9} {len(plan.nodes):>6} {len(plan.links):>6}"
+        for tool in tools:
+            u, d = med(tool, n, "up_s"), med(tool, n, "down_s")
+            if u is None:
+                row += f" | {'failed':>20} {'':>7}" + ("" if tool == "netns" else f" {'':>14}")
+                continue
+            row += f" | {u / n * 1000:>20.2f} {d / n * 1000:>7.2f}"
+            if tool != "netns":
+                row += f" {u / lu:>6.1f}x/{d / ld:>5.1f}x"
         print(row)
 
 

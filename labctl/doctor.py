@@ -16,7 +16,7 @@ from labctl.backends import nsutil, rps, rtnl
 QDISCS = ("htb", "tbf", "bfifo", "clsact", "red", "netem", "prio", "mqprio", "fq_codel")
 TOOLS = (("tcpdump", "captures"), ("tshark", "decoding RoCE in captures"), ("dumpcap", "labctl capture"),
          ("ethtool", "NIC offloads by hand"), ("nft", "nftables (ECN marking)"), ("ip", "iproute2"),
-         ("mn", "Mininet: bench/bringup.py builds the same labs with it, side by side"),
+         ("mn", "Mininet: --backend mininet, --topo import, export --format mininet, bench/bringup.py"),
          ("dot", "Graphviz, for labctl graph | dot"))
 
 
@@ -166,8 +166,11 @@ def features(k: dict[str, bool]) -> list[dict]:
          + ("the namespace's net.core.rps_default_mask" if k.get("rps_default_mask", True)
             else "each port's rps_cpus in sysfs (no per-namespace default mask before kernel 6.5)"),
          "status": "in use"},
-        {"feature": "loss ledger", "mechanism": "qdisc, device, per-CPU backlog (softnet_stat), UDP socket and "
-                                                "WAN line counters before and after every run", "status": "in use"},
+        {"feature": "loss ledger", "mechanism": "qdisc, device, per-CPU backlog (softnet_stat), ARP unresolved "
+                                                "discards, IP and UDP socket, and WAN line counters before and "
+                                                "after every run", "status": "in use"},
+        {"feature": "neighbours", "mechanism": "permanent ARP entries for every port's peers, written at build "
+                                               "time (no packet waits for ARP)", "status": "in use"},
         {"feature": "WAN delay, loss, jitter",
          "mechanism": ("the line process (labctl.wan.line): AF_PACKET between wire namespaces, frames held for "
                        "the delay in order" + ("; netem is present but not used, so every kernel runs the tested "
@@ -178,10 +181,19 @@ def features(k: dict[str, bool]) -> list[dict]:
                        "Wireshark esp_sa" + ("; kernel XFRM is present but not used" if k.get("esp")
                                              else " (no kernel ESP here)")),
          "status": "in use"},
+        {"feature": "Mininet backend (--backend mininet)",
+         "mechanism": "Mininet's Python API (system python3) builds nodes and links; labctl configures them",
+         "status": _mininet_status()},
         {"feature": "TCP flows (frontend)", "mechanism": "kernel TCP in the hosts' namespaces (cubic, reno or bbr "
                                                           "per flow), driven by threads of `labctl run`",
          "status": "in use"},
     ]
+
+
+def _mininet_status() -> str:
+    from labctl.backends import mininet
+    why = mininet.available()
+    return "available" if why is None else f"not available: {why} (./install.sh installs it)"
 
 
 def run() -> dict:

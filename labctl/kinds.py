@@ -20,7 +20,7 @@ class NodeKind:
     shape: str = "ellipse"        # Graphviz shape
     mermaid: tuple[str, str] = ("(", ")")
     group: str | None = None      # how a workload's flows name all nodes of this kind ("gpus", "storage")
-    backends: tuple[str, ...] = ("netns",)
+    backends: tuple[str, ...] = ("netns", "mininet")
 
     @property
     def switches(self) -> bool:

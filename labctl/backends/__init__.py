@@ -13,7 +13,12 @@ def _netns():
     return NetnsBackend()
 
 
-REGISTRY = {"netns": _netns}
+def _mininet():
+    from labctl.backends.mininet import MininetBackend
+    return MininetBackend()
+
+
+REGISTRY = {"netns": _netns, "mininet": _mininet}
 
 
 def names() -> list[str]:

@@ -1,5 +1,5 @@
-"""The labctl command line: a thin layer over lab.py, topology/, plan/, traffic/ and dataplane/."""
-from labctl.cli import inspect, lifecycle, pipeline, queueing, traffic  # noqa: F401  (registers commands)
+"""The labctl command line: a thin layer over lifecycle/, topology/, plan/, traffic/, exports/ and the API."""
+from labctl.cli import inspect, lifecycle, pipeline, prompt, queueing, traffic  # noqa: F401  (registers commands)
 from labctl.cli.base import cli
 
 

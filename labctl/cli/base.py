@@ -14,6 +14,9 @@ err = Console(stderr=True)
 
 SET_HELP = "override a template variable (or a dotted key of a plain lab), e.g. --set spines=4; repeatable"
 TEMPLATES_HELP = "a directory of your own templates, searched before the bundled ones; repeatable"
+TOPO_HELP = ("read a Mininet topology instead, written as for `mn --topo` (NAME[,ARG...][,KEY=VALUE...]): "
+             "NAME from FILE's `topos` or a Topo class in FILE (this runs FILE's Python), or with no "
+             "FILE Mininet's own single,N  linear,K[,N]  tree,DEPTH[,FANOUT]")
 
 
 class LabctlGroup(click.Group):

@@ -8,16 +8,17 @@ import click
 from rich.table import Table
 
 from labctl import backends
-from labctl.cli.base import SET_HELP, TEMPLATES_HELP, cli, err, out
+from labctl.cli.base import SET_HELP, TEMPLATES_HELP, TOPO_HELP, cli, err, out
 
 @cli.command()
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file", type=click.Path(dir_okay=False), required=False)
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help=SET_HELP)
 @click.option("--name", help="the lab name (default: the file's name:); two names make two independent labs")
 @click.option("--templates", "template_dirs", multiple=True, type=click.Path(file_okay=False), help=TEMPLATES_HELP)
+@click.option("--topo", help=TOPO_HELP)
 @click.option("--backend", default="netns", show_default=True, metavar="NAME",
               help="what builds the nodes: " + ", ".join(backends.names()))
-def up(file, sets, name, template_dirs, backend):
+def up(file, sets, name, template_dirs, topo, backend):
     """Build a lab: namespaces, veth links, addresses, ECMP routes and shaping.
 
     Every node's network namespace is <lab>-<node>, whatever backend built it, so plain
@@ -28,6 +29,9 @@ def up(file, sets, name, template_dirs, backend):
     Example:
       sudo labctl up topologies/leaf-spine.yml
       sudo labctl up topologies/leaf-spine.yml --name ls2 --set spines=4
+      sudo labctl up topologies/leaf-spine.yml --backend mininet   # Mininet builds the nodes
+      sudo labctl up --topo tree,2,3                               # Mininet's own tree topology
+      sudo labctl up mytopo.py --topo mytopo                       # a `mn --custom` file (runs it)
     """
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from labctl import lifecycle as labmod
@@ -42,7 +46,7 @@ def up(file, sets, name, template_dirs, backend):
                 tasks[stage] = bar.add_task(stage, total=total)
             bar.update(tasks[stage], completed=done)
 
-        p, lab, elapsed = labmod.up(file, sets, name, template_dirs, backend=backend, progress=progress)
+        p, lab, elapsed = labmod.up(file, sets, name, template_dirs, backend=backend, progress=progress, topo=topo)
     kinds: dict[str, int] = {}
     for n in p.nodes:
         kinds[n.kind] = kinds.get(n.kind, 0) + 1

@@ -6,31 +6,35 @@ import json
 import click
 from rich.table import Table
 
-from labctl.cli.base import SET_HELP, TEMPLATES_HELP, cli, out
+from labctl.cli.base import SET_HELP, TEMPLATES_HELP, TOPO_HELP, cli, out
 from labctl.errors import LabError
+
+
 @cli.command()
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file", type=click.Path(dir_okay=False), required=False)
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help=SET_HELP)
 @click.option("--templates", "template_dirs", multiple=True, type=click.Path(file_okay=False), help=TEMPLATES_HELP)
-def render(file, sets, template_dirs):
+@click.option("--topo", help=TOPO_HELP)
+def render(file, sets, template_dirs, topo):
     """Print the full lab YAML a file expands to (its template rendered with its vars).
 
     \b
     Example:
       labctl render topologies/leaf-spine.yml --set spines=4 --set rail_optimised=false
+      labctl render --topo linear,3            # Mininet's linear topology, as a labctl lab
     """
-    from labctl.topology.load import render_topology
-    text, _, _ = render_topology(file, sets, template_dirs)
-    click.echo(text, nl=False)
+    from labctl.topology import sources
+    click.echo(sources.render(file, sets, template_dirs, topo), nl=False)
 
 
 @cli.command()
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file", type=click.Path(dir_okay=False), required=False)
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help=SET_HELP)
 @click.option("--name", help="the lab name (default: the file's name:)")
 @click.option("--templates", "template_dirs", multiple=True, type=click.Path(file_okay=False), help=TEMPLATES_HELP)
+@click.option("--topo", help=TOPO_HELP)
 @click.option("--json", "as_json", is_flag=True, help="print the whole plan as JSON (what `up` would build)")
-def plan(file, sets, name, template_dirs, as_json):
+def plan(file, sets, name, template_dirs, topo, as_json):
     """Compile a lab into its concrete plan without building it (no root needed).
 
     Shows every namespace, port, address and route; --json prints everything, including MACs,
@@ -42,9 +46,9 @@ def plan(file, sets, name, template_dirs, as_json):
       labctl plan topologies/leaf-spine.yml --json | jq '.nodes[] | select(.name=="leaf1").routes'
     """
     from labctl.plan.compile import compile_plan
-    from labctl.topology.load import load_topology
+    from labctl.topology import sources
     from labctl.units import format_rate
-    p = compile_plan(load_topology(file, sets, template_dirs, name))
+    p = compile_plan(sources.load(file, sets, template_dirs, name, topo))
     if as_json:
         click.echo(json.dumps(p.to_dict(), indent=1))
         return
@@ -65,15 +69,16 @@ def plan(file, sets, name, template_dirs, as_json):
 
 
 def _export_options(f):
+    f = click.option("--topo", help=TOPO_HELP)(f)
     f = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help=SET_HELP)(f)
-    return click.argument("source", metavar="FILE|LAB")(f)
+    return click.argument("source", metavar="FILE|LAB", required=False)(f)
 
 
 @cli.command()
 @click.option("--format", "fmt", default="dot", show_default=True, metavar="FORMAT",
-              help="dot, mermaid or json (`labctl export --help` lists them)")
+              help="dot, mermaid, json or mininet (`labctl export --help` lists them)")
 @_export_options
-def export(source, fmt, sets):
+def export(source, fmt, sets, topo):
     """Write a lab out for another tool: a topology file, or a running lab's record.
 
     \b
@@ -81,6 +86,7 @@ def export(source, fmt, sets):
       dot       Graphviz: labctl export FILE | dot -Tpng > lab.png
       mermaid   for a Markdown ```mermaid block
       json      the whole plan (as `labctl plan --json`)
+      mininet   a standalone Mininet script (sudo python3 lab.py --test pings every pair)
 
     \b
     Example:
@@ -88,13 +94,13 @@ def export(source, fmt, sets):
       labctl export ls --format json > ls.plan.json
     """
     from labctl import exports
-    click.echo(exports.export(exports.plan_of(source, sets), fmt), nl=False)
+    click.echo(exports.export(exports.plan_of(source, sets, topo), fmt), nl=False)
 
 
 @cli.command()
 @click.option("--format", "fmt", type=click.Choice(["dot", "mermaid"]), default="dot", show_default=True)
 @_export_options
-def graph(source, fmt, sets):
+def graph(source, fmt, sets, topo):
     """Draw a lab as Graphviz dot or Mermaid (the same as `labctl export --format dot|mermaid`).
 
     \b
@@ -103,7 +109,7 @@ def graph(source, fmt, sets):
       labctl graph ls --format mermaid
     """
     from labctl import exports
-    click.echo(exports.export(exports.plan_of(source, sets), fmt), nl=False)
+    click.echo(exports.export(exports.plan_of(source, sets, topo), fmt), nl=False)
 
 
 @cli.command()

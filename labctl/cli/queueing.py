@@ -147,8 +147,8 @@ def counters(lab, as_json, watch, busy, losses):
     frames sent/received and time paused; and the loss ledger (--losses).
 
     The ledger counts every place the lab can lose a packet: qdisc drops per port and class, device
-    drops and errors, per-CPU backlog drops, UDP receive-buffer errors per namespace and the WAN
-    line's losses. `labctl run` puts the same ledger, for the run alone, in results.json.
+    drops and errors, per-CPU backlog drops, ARP's unresolved discards, IP discards and UDP
+    receive-buffer errors per namespace, and the WAN line's losses. `labctl run` puts the same ledger, for the run alone, in results.json.
 
     \b
     Example:

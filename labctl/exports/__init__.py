@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from labctl.errors import LabError
-from labctl.exports import graph
+from labctl.exports import graph, mininet
 from labctl.paths import is_file
 from labctl.plan.model import LabPlan
 
@@ -18,6 +18,7 @@ FORMATS = {
     "dot": (graph.dot, "Graphviz: labctl export FILE | dot -Tpng > lab.png"),
     "mermaid": (graph.mermaid, "Mermaid, for a Markdown ```mermaid block"),
     "json": (_json, "the whole plan as JSON (what `labctl plan --json` prints)"),
+    "mininet": (mininet.export, "a standalone Mininet script: no argument opens its CLI, --test pings every pair"),
 }
 
 
@@ -27,14 +28,15 @@ def export(plan: LabPlan, fmt: str) -> str:
     return FORMATS[fmt][0](plan)
 
 
-def plan_of(source: str, sets=()) -> LabPlan:
-    """A running lab's recorded plan if `source` names one, else the plan compiled from a file."""
+def plan_of(source: str | None, sets=(), topo: str | None = None) -> LabPlan:
+    """A running lab's recorded plan if `source` names one, else the plan compiled from a file (or a
+    Mininet topology with `topo`)."""
     from labctl import state
     from labctl.lifecycle import load_plan
-    if state.valid_lab_name(source) and not is_file(source):
+    if topo is None and state.valid_lab_name(source) and not is_file(source):
         lab = state.lab_dir(source)
         if lab.plan_file.is_file():
             return load_plan(lab)
     from labctl.plan.compile import compile_plan
-    from labctl.topology.load import load_topology
-    return compile_plan(load_topology(source, sets))
+    from labctl.topology import sources
+    return compile_plan(sources.load(source, sets, topo=topo))

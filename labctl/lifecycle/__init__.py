@@ -8,7 +8,7 @@
     runtime.py  links down/up with reconvergence, rates, ECN and PFC settings
     capture.py  pcapng captures on ports and WAN line ends
 """
-from labctl.lifecycle.build import CleanResult, clean, down, up  # noqa: F401
+from labctl.lifecycle.build import CleanResult, build, clean, down, up  # noqa: F401
 from labctl.lifecycle.inspect import helpers, live_links, status  # noqa: F401
 from labctl.lifecycle.labs import backend_of, default_lab, find_lab, load_plan, require_root  # noqa: F401
 from labctl.lifecycle.reach import ping_pairs, pingall, trace_path  # noqa: F401

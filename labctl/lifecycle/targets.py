@@ -64,3 +64,15 @@ def address(plan: LabPlan, target: str) -> str:
     if first is None:
         raise LabError(f"{n.name} is a bridge and has no address of its own", "name a host or a router")
     return first.address.split("/")[0]
+
+
+def with_addresses(plan: LabPlan, node: str, words: list[str]) -> list[str]:
+    """A command for NODE with other nodes' names replaced by their addresses, as Mininet's CLI does.
+
+    A word that names one of NODE's own ports stays as it is: in a leaf-spine the ports are named
+    after their peers, and `ip link show spine1` on leaf1 means the port.
+    """
+    names = {n.name for n in plan.nodes if n.loopback or any(i.address for i in n.interfaces)}
+    own_ports = {i.name for i in plan.node(node).interfaces}
+    return [address(plan, w) if w in names and w not in own_ports else w for w in words]
+

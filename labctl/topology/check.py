@@ -153,7 +153,8 @@ def _delay(topo: Topology, smap: SourceMap, i: int, link) -> None:
 
 def segments(topo: Topology, smap: SourceMap) -> None:
     """An L2 segment is a tree of bridges (no spanning tree runs), with at most one port per other
-    node, and no WAN line (the line moves IP between two routers)."""
+    node, and no encryption (ESP carries IP between two routers; the line itself carries any frame,
+    so delay, loss and jitter are fine)."""
     for bridges, links in l2_segments(topo):
         between = [i for i in links if all(split_endpoint(e)[0] in bridges for e in topo.links[i].endpoints)]
         if len(between) >= len(bridges):
@@ -165,10 +166,10 @@ def segments(topo: Topology, smap: SourceMap) -> None:
         members: dict[str, int] = {}
         for i in links:
             link = topo.links[i]
-            if link.latency or link.distance or link.loss or link.jitter or link.encrypt:
-                raise InputError(smap.where(("links", i)), f"link {i} touches a bridge and has a delay, loss, "
-                                 "jitter or encryption: the WAN line only joins two routed ends",
-                                 "put the delay on a link between routers or switches")
+            if link.encrypt:
+                raise InputError(smap.where(("links", i, "encrypt")), f"link {i} touches a bridge and is "
+                                 "encrypted: ESP carries IP between two routed ends, not a bridge's frames",
+                                 "encrypt a link between routers or switches")
             for e in link.endpoints:
                 node = split_endpoint(e)[0]
                 if node in bridges:

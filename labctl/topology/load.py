@@ -115,6 +115,17 @@ def _set_dotted(data: dict, key: str, value) -> None:
 
 def load_topology(file: str | Path, sets=(), template_dirs=(), name: str | None = None) -> Loaded:
     text, smap, template, data = _render(file, sets, template_dirs)
+    return _validated(data, smap, text, Path(file), template, name)
+
+
+def load_topology_text(text: str, origin: str, name: str | None = None) -> Loaded:
+    """A full lab given as YAML text (the Python API's Topology builder), checked exactly as a file;
+    errors name `origin` and the line of the text."""
+    data, smap = load_yaml(text, origin)
+    return _validated(data, smap, text, Path(origin), None, name)
+
+
+def _validated(data, smap: SourceMap, text: str, file: Path, template: str | None, name: str | None) -> Loaded:
     if not isinstance(data, dict):
         raise InputError(Where(smap.file, 1), "the lab is empty", "add name:, nodes: and links:")
     if name is not None:
@@ -129,7 +140,7 @@ def load_topology(file: str | Path, sets=(), template_dirs=(), name: str | None 
     except ValidationError as exc:
         raise input_error(exc, smap) from None
     check_topology(topo, smap)
-    return Loaded(topo, smap, text, Path(file), template)
+    return Loaded(topo, smap, text, file, template)
 
 
 def input_error(exc: ValidationError, smap: SourceMap, root=None) -> InputError:

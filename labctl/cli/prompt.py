@@ -1,0 +1,204 @@
+"""`labctl cli LAB`: a prompt with Mininet's habits, over a running lab.
+
+    labctl> srv1-gpu0 ping -c1 srv2-gpu1      a command inside a node; node names become addresses
+    labctl> pingall                           every pair of end hosts
+    labctl> nodes | links | net | dump        what the lab is made of
+    labctl> route srv1-gpu0 srv2-gpu1 49152   a flow's path as the kernels hash it
+    labctl> tc show leaf1                     queues; counters [--busy]; run WORKLOAD
+    labctl> link leaf1:spine1 down            cut a link (and `up` again)
+    labctl> exit
+
+History is kept in ~/.labctl_history; Tab completes commands, node names and ports. Every command
+also runs without the prompt: `labctl cli LAB -c 'pingall'` (several: separated by `;`).
+"""
+from __future__ import annotations
+
+import cmd
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+
+from labctl.cli.base import cli
+from labctl.errors import LabError
+
+HISTORY = Path.home() / ".labctl_history"
+
+
+class Prompt(cmd.Cmd):
+    prompt = "labctl> "
+
+    def __init__(self, lab, stdout=None):
+        super().__init__(stdout=stdout)
+        from labctl import lifecycle
+        self.lab, self.lifecycle = lab, lifecycle
+        self.plan = lifecycle.load_plan(lab)
+        self.names = {n.name for n in self.plan.nodes}
+        self.failed = False
+        self.intro = (f"lab {self.plan.lab}: {len(self.plan.nodes)} nodes, {len(self.plan.links)} links. "
+                      "Type help, or a node name and a command. Ctrl-D or exit leaves.")
+
+    def say(self, text: str) -> None:
+        self.stdout.write(text + "\n")
+        self.stdout.flush()
+
+    # -- what the lab is -------------------------------------------------------------------------
+    def do_nodes(self, arg):
+        """nodes: every node and its kind"""
+        self.say(" ".join(f"{n.name}({n.kind})" for n in self.plan.nodes))
+
+    def do_links(self, arg):
+        """links: every link with its rate"""
+        from labctl.units import format_rate
+        for lk in self.plan.links:
+            self.say(f"{lk.a} <-> {lk.b}  {format_rate(lk.rate_bps)} ({format_rate(lk.lab_rate_bps)} in the lab)")
+
+    def do_net(self, arg):
+        """net: each node's ports and what they connect to (Mininet's net)"""
+        for n in self.plan.nodes:
+            self.say(f"{n.name}: " + ", ".join(f"{i.name} -> {i.peer_node}:{i.peer_iface}" for i in n.interfaces))
+
+    def do_dump(self, arg):
+        """dump: each node with its namespace and addresses (Mininet's dump)"""
+        for n in self.plan.nodes:
+            addrs = [i.address for i in n.interfaces if i.address] + ([n.loopback] if n.loopback else [])
+            self.say(f"<{n.kind} {n.name}: {', '.join(addrs) or 'no address'} netns={n.namespace}>")
+
+    # -- using it ----------------------------------------------------------------------------------
+    def do_pingall(self, arg):
+        """pingall [FABRIC]: ping every pair of end hosts that share a fabric"""
+        tried, failed = self.lifecycle.pingall(self.plan, arg.strip() or None,
+                                               backend=self.lifecycle.backend_of(self.lab))
+        for a, b in failed:
+            self.say(f"  {a} -> {b}: no reply")
+        self.say(f"*** Results: {tried - len(failed)}/{tried} pairs reachable")
+        self.failed = self.failed or bool(failed)
+
+    def do_route(self, arg):
+        """route SRC DST [SPORT]: the path a RoCE flow takes, hop by hop"""
+        words = arg.split()
+        if len(words) not in (2, 3):
+            raise LabError("route SRC DST [SPORT]")
+        sport = int(words[2]) if len(words) == 3 else 49152
+        hops = self.lifecycle.trace_path(self.plan, words[0], words[1], sport, 4791)
+        self.say(f"udp sport {sport}: " + " -> ".join(h["node"] + (f" ({h['out']})" if h["out"] else "") for h in hops))
+
+    def do_link(self, arg):
+        """link NODE:PORT down|up: cut or restore a link; routes reconverge"""
+        from labctl.lifecycle import targets
+        words = arg.split()
+        if len(words) != 2 or words[1] not in ("down", "up"):
+            raise LabError("link NODE:PORT down|up")
+        node, iface = targets.port(self.plan, words[0])
+        changed = self.lifecycle.set_link_state(self.lab, self.plan, node, iface.name, words[1] == "up")
+        self.say(f"link {words[0]} is {words[1]}; {changed} routes changed")
+
+    def _labctl(self, argv: list[str]) -> None:
+        """A labctl command on this lab, as its own process (its output is the command's)."""
+        width = str(shutil.get_terminal_size().columns)      # its tables as wide as this terminal
+        r = subprocess.run([sys.executable, "-m", "labctl", *argv], capture_output=True, text=True,
+                           env={**os.environ, "COLUMNS": width})
+        self.stdout.write(r.stdout + r.stderr)
+        self.failed = self.failed or r.returncode != 0
+
+    def do_tc(self, arg):
+        """tc show NODE[:PORT] | tc set NODE[:PORT] OPTIONS: as `labctl tc`"""
+        self._labctl(["tc", *shlex.split(arg), "--lab", self.plan.lab])
+
+    def do_counters(self, arg):
+        """counters [--busy] [--losses]: as `labctl counters`"""
+        self._labctl(["counters", self.plan.lab, *shlex.split(arg)])
+
+    def do_run(self, arg):
+        """run WORKLOAD: play a workload on this lab, as `labctl run`"""
+        self._labctl(["run", *shlex.split(arg), "--lab", self.plan.lab])
+
+    def default(self, line):
+        """NODE COMMAND...: the command inside the node, other nodes' names replaced by their addresses."""
+        words = shlex.split(line)
+        if not words or words[0] not in self.names:
+            self.say(f"*** unknown command {words[0] if words else line!r}: type help")
+            self.failed = True
+            return
+        node = self.plan.node(words[0])
+        from labctl.lifecycle import targets
+        argv = targets.with_addresses(self.plan, node.name, words[1:])
+        r = subprocess.run(self.lifecycle.backend_of(self.lab).exec_argv(node, argv), capture_output=True, text=True)
+        self.stdout.write(r.stdout + r.stderr)
+        self.failed = self.failed or r.returncode != 0
+
+    def do_exit(self, arg):
+        """exit: leave the prompt (the lab stays up)"""
+        return True
+
+    do_quit = do_exit
+
+    def do_EOF(self, arg):
+        self.say("")
+        return True
+
+    def emptyline(self):
+        pass
+
+    def onecmd(self, line):
+        try:
+            return super().onecmd(line)
+        except LabError as exc:
+            self.say(f"*** {exc}")
+            self.failed = True
+        except (ValueError, KeyError) as exc:
+            self.say(f"*** {exc}")
+            self.failed = True
+        return False
+
+    # -- completion --------------------------------------------------------------------------------
+    def completenames(self, text, *ignored):
+        return super().completenames(text, *ignored) + sorted(n for n in self.names if n.startswith(text))
+
+    def completedefault(self, text, line, begidx, endidx):
+        ports = [f"{n.name}:{i.name}" for n in self.plan.nodes for i in n.interfaces]
+        return sorted(x for x in list(self.names) + ports if x.startswith(text))
+
+
+@cli.command(name="cli")
+@click.argument("lab", required=False)
+@click.option("-c", "commands", help="run these commands (separated by ;) and exit, instead of the prompt")
+def cli_(lab, commands):
+    """A prompt over a running lab, with Mininet's habits (node COMMAND, pingall, net, dump, ...).
+
+    \b
+    Example:
+      sudo labctl cli ls
+      labctl> srv1-gpu0 ping -c1 srv2-gpu1
+      labctl> pingall
+      sudo labctl cli ls -c 'pingall; route srv1-gpu0 srv2-gpu1 49158'
+    """
+    from labctl import lifecycle
+    lifecycle.require_root("labctl cli")
+    prompt = Prompt(lifecycle.default_lab(lab))
+    if commands:
+        for line in commands.split(";"):
+            prompt.onecmd(line.strip())
+        raise SystemExit(1 if prompt.failed else 0)
+    try:
+        import readline
+        readline.set_completer_delims(" \t")
+        if HISTORY.exists():
+            readline.read_history_file(HISTORY)
+    except (ImportError, OSError):
+        readline = None
+    try:
+        prompt.cmdloop()
+    except KeyboardInterrupt:
+        prompt.say("")
+    finally:
+        if readline is not None:
+            try:
+                readline.write_history_file(HISTORY)
+                os.chmod(HISTORY, 0o600)
+            except OSError:
+                pass

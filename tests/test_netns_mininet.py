@@ -1,0 +1,216 @@
+"""Mininet, both ways and underneath: the same bundled lab built by Mininet behaves as the netns one
+(reachability, ECMP paths, all-reduce time, a lossless incast) and leaves nothing behind; an exported
+script builds every bundled topology under Mininet alone; Mininet's topologies come in through the
+import and answer every ping. Everything here is real: Debian's mininet, real namespaces, packets."""
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from conftest import lab_namespaces, require_root
+from labctl import exports, procs, state
+from labctl import lifecycle as labmod
+from labctl.backends import mininet as mininet_backend
+from labctl.plan.compile import compile_plan
+from labctl.topology.load import load_topology
+from labctl.traffic.run import run_workload
+from labctl.traffic.workload import load_workload
+
+ROOT = Path(__file__).resolve().parents[1]
+TOPOLOGIES = sorted((ROOT / "topologies").glob("*.yml"))
+pytestmark = pytest.mark.netns
+SPORTS = range(49152, 49160)
+ALLREDUCE_TOLERANCE = 0.05
+
+
+def mininet_shells() -> set[int]:
+    """PIDs of Mininet's per-node shells (`bash ... -is mininet:NODE`)."""
+    out = set()
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if b"mininet:" in (d / "cmdline").read_bytes():
+                    out.add(int(d.name))
+            except OSError:
+                pass
+    return out
+
+
+def netns_mounts(prefix: str) -> list[str]:
+    return [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if f"/netns/{prefix}" in line]
+
+
+def assert_nothing_left(name: str, lab: state.LabDir, pids: list[str], shells_before: set[int]) -> None:
+    assert lab_namespaces(name + "-") == []
+    assert netns_mounts(name + "-") == []
+    assert not any(procs.verified(e) for e in pids), pids
+    assert mininet_shells() - shells_before == set()
+    assert not lab.path.exists()
+
+
+@pytest.fixture(scope="module")
+def twins():
+    """The bundled leaf-spine twice: by the netns backend and by the mininet backend."""
+    require_root()
+    assert mininet_backend.available() is None, mininet_backend.available()
+    old = os.environ.get("LABCTL_STATE_DIR")
+    os.environ["LABCTL_STATE_DIR"] = f"/tmp/labctl-test-{uuid.uuid4().hex[:8]}"
+    names = {b: f"lt{uuid.uuid4().hex[:6]}" for b in ("netns", "mininet")}
+    made = {}
+    try:
+        for backend, name in names.items():
+            made[backend] = labmod.up(str(ROOT / "topologies" / "leaf-spine.yml"), name=name, backend=backend)[:2]
+        yield made
+    finally:
+        for name in names.values():
+            if state.lab_dir(name).path.exists():
+                labmod.down(name)
+            assert lab_namespaces(name + "-") == []
+        if old is None:
+            os.environ.pop("LABCTL_STATE_DIR", None)
+        else:
+            os.environ["LABCTL_STATE_DIR"] = old
+
+
+def test_mininet_builds_the_lab_with_its_own_nodes_and_links(twins):
+    plan, lab = twins["mininet"]
+    helper = lab.read_state()["mininet_pid"]
+    assert "mininet_net.py" in Path(f"/proc/{helper}/cmdline").read_text()
+    # every node's namespace is the one a Mininet shell lives in, exposed under the lab's name
+    shells = mininet_shells()
+    for node in plan.nodes:
+        inode = os.stat(f"/run/netns/{node.namespace}").st_ino
+        assert any(os.stat(f"/proc/{p}/ns/net").st_ino == inode for p in shells), node.name
+
+
+def test_pingall_reaches_every_pair_on_both(twins):
+    for backend, (plan, _) in twins.items():
+        tried, failed = labmod.pingall(plan, backend=labmod.backend_of(twins[backend][1]))
+        assert tried == 80 and failed == [], (backend, failed)
+
+
+def test_ecmp_paths_are_identical_on_both(twins):
+    def paths(plan):
+        return [[(h["node"], h["out"]) for h in labmod.trace_path(plan, "srv1-gpu0", "srv2-gpu1", sport, 4791)]
+                for sport in SPORTS]
+    a, b = paths(twins["netns"][0]), paths(twins["mininet"][0])
+    assert a == b
+    assert len({tuple(p) for p in a}) > 1, "8 source ports all hashed to one spine: the comparison saw one path"
+
+
+def test_bundled_allreduce_takes_the_same_time_on_both(twins, tmp_path):
+    times = {}
+    for backend, (plan, lab) in twins.items():
+        doc = run_workload(plan, lab, load_workload(ROOT / "workloads" / "allreduce.yml"), tmp_path / backend)
+        assert all(r["wrong"] == 0 and not r["timed_out"] for r in doc["results"]), backend
+        times[backend] = sum(r["time_s"] for r in doc["results"])
+    ratio = times["mininet"] / times["netns"]
+    assert abs(ratio - 1) <= ALLREDUCE_TOLERANCE, times
+
+
+def test_bundled_lossless_incast_loses_nothing_on_mininet(twins, tmp_path):
+    plan, lab = twins["mininet"]
+    for k in range(3):
+        doc = run_workload(plan, lab, load_workload(ROOT / "workloads" / "incast.yml"), tmp_path / f"run{k}")
+        assert all(r["wrong"] == 0 and not r["timed_out"] for r in doc["results"]), doc["results"]
+        rx = [q for c in doc["counters"].values() for q in c["rx"]]
+        assert sum(q["gaps"] for q in rx) == 0
+        assert doc["loss_ledger"]["lossless_drops"] == 0, doc["loss_ledger"]
+
+
+def test_down_leaves_no_mininet_process_mount_namespace_or_link(state_dir, lab_name):
+    require_root()
+    shells, links = mininet_shells(), _root_links()
+    plan, lab, _ = labmod.up(str(ROOT / "topologies" / "leaf-spine.yml"), name=lab_name, backend="mininet")
+    pids = list(lab.journaled("pid"))
+    try:
+        assert len(mininet_shells() - shells) == len(plan.nodes)
+    finally:
+        labmod.down(lab_name)
+    assert_nothing_left(lab_name, lab, pids, shells)
+    assert _root_links() == links
+
+
+def test_down_cleans_up_after_a_mininet_that_died(state_dir, lab_name):
+    """Mininet killed outright (no net.stop()): its shells and namespaces still go with `down`."""
+    require_root()
+    shells = mininet_shells()
+    _, lab, _ = labmod.up(str(ROOT / "topologies" / "leaf-spine.yml"), name=lab_name, backend="mininet")
+    pids = list(lab.journaled("pid"))
+    try:
+        os.kill(lab.read_state()["mininet_pid"], 9)
+    finally:
+        labmod.down(lab_name)
+    assert_nothing_left(lab_name, lab, pids, shells)
+
+
+def _root_links() -> set[str]:
+    out = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
+    return {line.split(":")[1].strip() for line in out.splitlines()}
+
+
+@pytest.mark.parametrize("topology", TOPOLOGIES, ids=[t.stem for t in TOPOLOGIES])
+def test_exported_script_builds_and_reaches_every_pair(topology, tmp_path):
+    require_root()
+    plan = compile_plan(load_topology(topology))
+    script = tmp_path / f"{plan.lab}_mininet.py"
+    script.write_text(exports.export(plan, "mininet"))
+    shells = mininet_shells()
+    r = subprocess.run(["/usr/bin/python3", str(script), "--test"], capture_output=True, text=True, timeout=600,
+                       cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "pairs reachable" in r.stdout
+    assert mininet_shells() - shells == set()
+
+
+def test_exported_script_fails_when_a_pair_cannot_reach(tmp_path):
+    """--test is a real check: a script whose leaf1 has no routes must exit 1 and name the pairs."""
+    require_root()
+    plan = compile_plan(load_topology(ROOT / "topologies" / "leaf-spine.yml"))
+    plan.node("leaf1").routes = []
+    script = tmp_path / "broken.py"
+    script.write_text(exports.export(plan, "mininet"))
+    r = subprocess.run(["/usr/bin/python3", str(script), "--test"], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 1 and "srv1-gpu0 -> " in r.stdout and "no reply" in r.stdout, r.stdout[-1000:]
+
+
+MININET_TOPOS = [(ROOT / "tests" / "topologies" / "mininet" / "topo-2sw-2host.py", "mytopo", 2),
+                 (None, "single,3", 6), (None, "linear,3", 6), (None, "tree,depth=2,fanout=2", 12),
+                 (Path("/usr/share/doc/mininet/examples/simpleperf.py"), "SingleSwitchTopo,3,lossy=0", 6)]
+
+
+@pytest.mark.parametrize("file,topo,pairs", MININET_TOPOS, ids=[t for _, t, _ in MININET_TOPOS])
+def test_mininet_topologies_come_up_and_reach_every_pair(file, topo, pairs, state_dir, lab_name):
+    require_root()
+    plan, lab, _ = labmod.up(str(file) if file else None, name=lab_name, topo=topo)
+    try:
+        assert {n.kind for n in plan.nodes} == {"host", "bridge"}
+        tried, failed = labmod.pingall(plan)
+        assert (tried, failed) == (pairs, [])
+    finally:
+        labmod.down(lab_name)
+    assert lab_namespaces(lab_name + "-") == []
+
+
+def test_mininet_link_delay_and_loss_reach_the_wire(state_dir, lab_name):
+    """simpleperf's links: 5 ms and 10 % loss each. A ping crosses four of them per round trip."""
+    require_root()
+    plan, lab, _ = labmod.up("/usr/share/doc/mininet/examples/simpleperf.py", name=lab_name,
+                             topo="SingleSwitchTopo,2")
+    try:
+        h1 = plan.node("h1")
+        dst = labmod.node_address(plan, "h2")
+        r = subprocess.run(labmod.backend_of(lab).exec_argv(h1, ["ping", "-c", "200", "-i", "0.01", "-q", dst]),
+                           capture_output=True, text=True)
+        stats = r.stdout.splitlines()
+        received = int(next(s for s in stats if "received" in s).split(",")[1].split()[0])
+        rtt_min = float(next(s for s in stats if s.startswith("rtt")).split("=")[1].split("/")[0])
+    finally:
+        labmod.down(lab_name)
+    # 1 - 0.9^4 = 34 % lost; binomial sd for 200 pings is 3.4 %: 4 sd either side
+    assert 200 * (0.344 - 0.136) <= 200 - received <= 200 * (0.344 + 0.136), received
+    assert 20.0 <= rtt_min <= 30.0, rtt_min

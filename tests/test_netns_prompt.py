@@ -1,0 +1,130 @@
+"""`labctl cli LAB` as a person uses it: through a pseudo-terminal, typing commands (with Tab) and
+reading the answers; and the same commands non-interactively with -c."""
+from __future__ import annotations
+
+import os
+import pty
+import re
+import select
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import lab_namespaces, require_root
+from labctl import Lab, Topology
+
+pytestmark = pytest.mark.netns
+
+
+def lab_of(name: str) -> Topology:
+    t = Topology(name, dilation=4000)
+    t.add_switch("leaf")
+    t.add_switch("spine")
+    t.add_gpu("alpha")
+    t.add_gpu("beta")
+    t.add_link("alpha", "leaf", rate="400G")
+    t.add_link("leaf", "spine", rate="400G")
+    t.add_link("beta", "spine", rate="400G")
+    return t
+
+
+class Terminal:
+    """A process on a pseudo-terminal: type into it, wait for what it prints."""
+
+    def __init__(self, argv: list[str], env: dict):
+        self.fd, slave = pty.openpty()
+        self.proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True,
+                                     start_new_session=True)
+        os.close(slave)
+        self.seen = ""
+
+    def type(self, text: str) -> None:
+        os.write(self.fd, text.encode())
+
+    def expect(self, pattern: str, timeout: float = 30) -> str:
+        """Everything printed up to and including the first match of pattern (a regex)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            m = re.search(pattern, self.seen)
+            if m:
+                out, self.seen = self.seen[:m.end()], self.seen[m.end():]
+                return out
+            left = deadline - time.monotonic()
+            assert left > 0, f"no {pattern!r} in {self.seen[-1500:]!r}"
+            if select.select([self.fd], [], [], left)[0]:
+                try:
+                    self.seen += os.read(self.fd, 65536).decode(errors="replace").replace("\r", "")
+                except OSError:      # the other side closed
+                    assert re.search(pattern, self.seen), f"no {pattern!r} in {self.seen[-1500:]!r}"
+
+    def close(self) -> int:
+        try:
+            return self.proc.wait(timeout=30)
+        finally:
+            os.close(self.fd)
+
+
+PROMPT = r"labctl> "
+
+
+def test_the_prompt_answers_what_is_typed(state_dir, lab_name, tmp_path):
+    require_root()
+    env = {**os.environ, "HOME": str(tmp_path), "LABCTL_STATE_DIR": str(state_dir), "TERM": "xterm"}
+    with Lab(lab_of(lab_name)) as lab:
+        beta = lab.plan.node("beta").interfaces[0].address.split("/")[0]
+        term = Terminal([sys.executable, "-m", "labctl", "cli", lab_name], env)
+        try:
+            assert "Type help" in term.expect(PROMPT)
+            term.type("nodes\n")
+            out = term.expect(PROMPT)
+            assert "alpha(gpu)" in out and "leaf(switch)" in out
+            # Tab completes a node name (alp -> alpha) and another one in the command (bet -> beta),
+            # and the name becomes beta's address
+            term.type("alp\t ping -c1 -W2 bet\t\n")
+            out = term.expect(PROMPT)
+            assert f"PING {beta}" in out and "1 received" in out, out
+            term.type("pinga\t\n")
+            assert "*** Results: 2/2 pairs reachable" in term.expect(PROMPT)
+            term.type("route alpha beta 49152\n")
+            assert re.search(r"alpha \(leaf\) -> leaf \(spine\) -> spine \(beta\) -> beta", term.expect(PROMPT))
+            term.type("link leaf:spine down\n")
+            assert "link leaf:spine is down" in term.expect(PROMPT)
+            term.type("pingall\n")
+            assert "*** Results: 0/2 pairs reachable" in term.expect(PROMPT)
+            term.type("link leaf:spine up\n")
+            term.expect(PROMPT)
+            term.type("leaf ip -br link show spine\n")      # a port named like a node stays a port
+            assert re.search(r"^spine@\S+\s+UP", term.expect(PROMPT), re.M)
+            term.type("no-such-thing\n")
+            assert "unknown command 'no-such-thing'" in term.expect(PROMPT)
+            term.type("exit\n")
+            assert term.close() == 0
+        finally:
+            if term.proc.poll() is None:
+                term.proc.kill()
+        history = (tmp_path / ".labctl_history").read_text()
+        assert "pingall" in history and oct((tmp_path / ".labctl_history").stat().st_mode & 0o777) == "0o600"
+    assert lab_namespaces(lab_name + "-") == []
+
+
+def test_every_command_also_runs_without_the_prompt(state_dir, lab_name, tmp_path):
+    require_root()
+    env = {**os.environ, "HOME": str(tmp_path), "LABCTL_STATE_DIR": str(state_dir)}
+
+    def cli(commands: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "labctl", "cli", lab_name, "-c", commands],
+                              capture_output=True, text=True, env=env, timeout=120)
+
+    with Lab(lab_of(lab_name)):
+        r = cli("pingall; net; dump; links; alpha ping -c1 -W2 beta; counters --busy; tc show leaf")
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "*** Results: 2/2 pairs reachable" in r.stdout
+        assert "leaf: alpha -> alpha:leaf, spine -> spine:leaf" in r.stdout
+        assert re.search(r"<gpu alpha: 10\.[\d.]+/\d+.* netns=" + lab_name + "-alpha>", r.stdout), r.stdout
+        assert "1 received" in r.stdout
+        r = cli("link leaf:spine down; pingall")
+        assert r.returncode == 1 and "0/2 pairs reachable" in r.stdout
+        assert cli("link leaf:spine up; pingall").returncode == 0
+    assert lab_namespaces(lab_name + "-") == []
