@@ -164,9 +164,9 @@ class Controller:
         shared = self.plan.shared_buffer if sw.node.switching else None
         used = sum(backlogs.get(key, 0) for key in sw.pfc) if shared else 0
         for key, backlog in backlogs.items():
-            if backlog <= 0:
-                continue
-            busy = True
+            # an empty queue still runs the steps below: a drained queue must stop marking and
+            # release its XOFF state even if the read that finds it empty is the first one after
+            busy = busy or backlog > 0
             threshold = None          # the nearest depth at which this queue needs a prompt read
             marking = sw.ecn_ports.get(key)
             if marking is not None:
@@ -192,7 +192,7 @@ class Controller:
                 # a shared buffer's XOFF falls as the other queues fill: no distance to it is safe
                 near = 0 if port.over_xoff or shared else xoff
                 threshold = near if threshold is None else min(threshold, near)
-            if threshold is not None:
+            if threshold is not None and backlog > 0:
                 due = min(due, max(0.0, threshold - backlog) / sw.inflow[key])
         if sw.node.switching and sw.pfc:
             self._assert_pfc(sw, congested, now)
@@ -234,7 +234,7 @@ class Controller:
                 self.work.add(end - start)
             # half the earliest crossing: a margin for a wake-up that comes late behind other work
             sw.busy, sw.last_read = busy, start
-            sw.period = min(IDLE, max(FAST, due / 2)) if busy else IDLE
+            sw.period = min(IDLE, max(FAST, due / 2)) if busy or due <= 0 else IDLE
             sw.next_read = start + sw.period
         now = time.monotonic()
         wake = min((sw.next_read for sw in self.switches), default=now + IDLE)

@@ -1,0 +1,90 @@
+"""The controller's read planning (pure): how soon a switch is read again, and that a queue found
+empty still releases its XOFF state and its marking. The kernel side (the qdisc GETs, the nftables
+rules, the PFC frames) is replaced by recorders; the decisions are the controller's own code."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from labctl.dataplane import controller as ctl
+from labctl.dataplane import ecn, pfc
+from labctl.dataplane.controller import FAST, IDLE, Controller, Switch
+
+RATE = 100_000_000                       # 12.5 MB/s per port
+KMIN, KMAX, XOFF, XON = 400_000, 1_600_000, 3_400_000, 3_380_000
+ECN_KEY, PFC_KEY, FEEDER_KEY = (3, 35), (7, 35), (9, 35)
+
+
+class Recorder:
+    def __init__(self):
+        self.commands: list[str] = []
+
+    def run(self, commands: str) -> str:
+        self.commands.append(commands)
+        return ""
+
+
+class FakePort:
+    def __init__(self, name: str):
+        self.settings = SimpleNamespace(pfc=True, xoff=XOFF, xon=XON)
+        self.over_xoff = False
+        self.iface = SimpleNamespace(name=name, shaping=SimpleNamespace(rate_bps=RATE))
+        self.cls = SimpleNamespace(pfc_quanta=pfc.MAX_QUANTA)
+        self.state = pfc.PortPfc(3)
+        self.sent: list[int] = []
+
+    def send_pfc(self, quanta: int, now: float) -> None:
+        self.sent.append(quanta)
+        self.state.last_sent = now
+
+
+@pytest.fixture
+def setup(monkeypatch):
+    backlogs = {ECN_KEY: 0, PFC_KEY: 0, FEEDER_KEY: 0}
+    monkeypatch.setattr(ctl.qdepth, "backlogs_get", lambda sock, request: dict(backlogs))
+    c = Controller.__new__(Controller)
+    c.plan = SimpleNamespace(shared_buffer=None)
+    node = SimpleNamespace(switching=True, name="leaf1")
+    port, feeder = FakePort("spine1"), FakePort("gpu0")   # gpu0's traffic can queue toward spine1
+    sw = Switch(node, sock=None, nft=Recorder(), family="ip")
+    sw.ecn_ports[ECN_KEY] = (3, SimpleNamespace(ecn=True, kmin=KMIN, kmax=KMAX, pmax=0.2))
+    sw.marking[(ECN_KEY[0], 3)] = 0
+    sw.pfc[PFC_KEY], sw.pfc[FEEDER_KEY] = port, feeder
+    sw.feeders = {"spine1": {"gpu0"}, "gpu0": set()}
+    sw.wanted = {ECN_KEY, PFC_KEY, FEEDER_KEY}
+    sw.inflow = {key: 3 * RATE / 8 for key in sw.wanted}
+    return c, sw, port, feeder, backlogs
+
+
+def test_idle_queues_are_read_at_the_idle_rate(setup):
+    c, sw, _, _, _ = setup
+    assert c.poll(sw) == (False, IDLE)
+
+
+def test_a_shallow_queue_is_read_after_half_its_time_to_kmin_at_full_inflow(setup):
+    c, sw, _, _, backlogs = setup
+    backlogs[ECN_KEY] = 100_000
+    busy, due = c.poll(sw)
+    assert busy and due == pytest.approx((KMIN - 100_000) / (3 * RATE / 8))   # 8 ms at 37.5 MB/s
+    assert FAST < due / 2 < IDLE
+
+
+def test_a_queue_on_the_ramp_or_past_xoff_is_read_at_once(setup):
+    c, sw, port, feeder, backlogs = setup
+    backlogs[ECN_KEY] = KMIN + 10_000
+    assert c.poll(sw)[1] == 0
+    backlogs[ECN_KEY], backlogs[PFC_KEY] = 0, XOFF + 1
+    assert c.poll(sw)[1] == 0 and port.over_xoff and feeder.sent == [pfc.MAX_QUANTA]
+    assert port.sent == []                             # only the port whose traffic queues there
+
+
+def test_a_queue_found_empty_releases_xoff_and_stops_marking(setup):
+    c, sw, port, feeder, backlogs = setup
+    backlogs[ECN_KEY], backlogs[PFC_KEY] = KMAX + 1, XOFF + 1
+    c.poll(sw)
+    assert port.over_xoff and sw.marking[(ECN_KEY[0], 3)] == ecn.SCALE
+    backlogs[ECN_KEY], backlogs[PFC_KEY] = 0, 0       # both drained between two reads
+    c.poll(sw)
+    assert not port.over_xoff and feeder.sent[-1] == 0  # XON sent
+    assert sw.marking[(ECN_KEY[0], 3)] == 0 and sw.nft.commands[-1].count("add rule") == 0
