@@ -98,6 +98,24 @@ def test_ring_collective_accounts_every_byte_within_25_percent_of_alpha_beta(lab
     assert (tmp_path / "run" / "results.json").exists()
 
 
+def test_each_operation_waits_for_its_own_data_not_the_previous_ones(lab, tmp_path):
+    """Operations number their transfers alike: an agent that remembered the previous operation's
+    arrivals under the same ids started every ring step at once and reported messages received
+    before the operation began. Each iteration must receive every message after its own start,
+    and no iteration may beat the alpha-beta bound."""
+    plan, d = lab
+    w = workload(tmp_path, "name: it\ncollective: all_reduce\nsizes: [2MB, 4MB]\niterations: 2\n"
+                           "participants: all\n")
+    doc = run_workload(plan, d, w, tmp_path / "run")
+    assert len(doc["results"]) == 4
+    for r in doc["results"]:
+        assert r["wrong"] == 0 and not r["timed_out"], r["label"]
+        assert r["ratio"] >= 0.97, f"{r['label']} #{r['iteration']}: faster than the bound ({r['ratio']:.2f})"
+        for rank, pr in r["per_rank"].items():
+            early = [x for x in pr["recvs"] if x[1] < 0]
+            assert not early, f"{r['label']} #{r['iteration']}, rank {rank}: received before it began: {early[:3]}"
+
+
 def _tcpdump(ns: str, iface: str, out: Path) -> subprocess.Popen:
     p = subprocess.Popen(["ip", "netns", "exec", ns, "tcpdump", "-i", iface, "-s", "0", "-U", "-w", str(out),
                           "udp port 4791"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

@@ -26,6 +26,11 @@ from labctl.traffic.dcqcn import Params
 from labctl.traffic.schedule import Schedule
 
 
+ID_BITS = 24                      # transfer ids in the 32-bit immediate; the top 8 bits number the operation
+ID_MASK = (1 << ID_BITS) - 1
+OP_TAGS = 1 << (32 - ID_BITS)
+
+
 def gpu_ranks(plan: LabPlan) -> dict[int, Node]:
     ranks = {n.rank: n for n in plan.nodes if node_kind(n.kind).holds_rank and n.rank is not None}
     if not ranks:
@@ -146,7 +151,15 @@ class AgentPool:
         return got
 
     def run(self, schedule: Schedule, op: int, timeout: float) -> dict[int, dict]:
-        """Run one schedule on the agents; returns each rank's report."""
+        """Run one schedule on the agents; returns each rank's report.
+
+        Every operation numbers its transfers from 0, and an agent remembers what arrived: the
+        ids on the wire (the immediate data) carry the operation's number too, so that a step of
+        the next operation never finds its input already "arrived" from the one before."""
+        if len(schedule.transfers) > ID_MASK:
+            raise LabError(f"one operation of {len(schedule.transfers):,} transfers is more than "
+                           f"{ID_MASK:,}: use a larger slice (options.slice) or fewer ranks")
+        tag = (op % OP_TAGS) << ID_BITS
         conn_count: dict[tuple[int, int], int] = {}
         per_rank: dict[int, dict] = {r: {"sends": [], "recvs": []} for r in schedule.ranks}
         for t in schedule.transfers:
@@ -154,16 +167,23 @@ class AgentPool:
             ia, ib = path_ports(self.plan, a, b)
             k = conn_count.get((t.src, t.dst), 0)
             conn_count[(t.src, t.dst)] = k + 1
-            per_rank[t.src]["sends"].append({"id": t.id, "dst": t.dst, "nbytes": t.nbytes, "after": list(t.after),
+            per_rank[t.src]["sends"].append({"id": tag | t.id, "dst": t.dst, "nbytes": t.nbytes,
+                                             "after": [tag | x for x in t.after],
                                              "qp": k % self.options.qps, "line_rate": ia.shaping.rate_bps,
                                              "src_addr": ia.address.split("/")[0],
                                              "dst_addr": ib.address.split("/")[0]})
-            per_rank[t.dst]["recvs"].append(t.id)
+            per_rank[t.dst]["recvs"].append(tag | t.id)
         start = time.monotonic() + 0.05 + 0.002 * len(schedule.ranks)
         for r in schedule.ranks:
             self._send(r, {"cmd": "run", "op": op, "start": start, "timeout": timeout, "rto": self.rto,
                            **per_rank[r]})
-        return self._collect("done", len(schedule.ranks), timeout + 30)
+        reports = self._collect("done", len(schedule.ranks), timeout + 30)
+        for rep in reports.values():         # back to the schedule's own ids
+            for key in ("sends", "recvs"):
+                for x in rep.get(key, []):
+                    x[0] &= ID_MASK
+            rep["missing"] = [i & ID_MASK for i in rep.get("missing", [])]
+        return reports
 
     def close(self, kill: bool = False) -> dict[int, dict]:
         if not kill:
