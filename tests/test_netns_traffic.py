@@ -310,18 +310,31 @@ def test_packets_lost_waiting_for_arp_are_in_the_ledger(lab, tmp_path):
     subprocess.run(["ip", "netns", "exec", leaf2.namespace, "ip", "neigh", "del", gpu_addr, "dev", "srv2-gpu1"],
                    check=True)
     done: dict = {}
-    runner = threading.Thread(target=lambda: done.update(doc=run_workload(plan, d, w, tmp_path / "run")))
+
+    def run() -> None:
+        try:
+            done["doc"] = run_workload(plan, d, w, tmp_path / "run")
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            done["error"] = exc
+
+    runner = threading.Thread(target=run)
     try:
         runner.start()
-        deadline = time.monotonic() + 10
-        while ledger.machine_wide()[key] - before < 100 and time.monotonic() < deadline:
+        deadline = time.monotonic() + 20
+        while ledger.machine_wide()[key] - before < 100 and time.monotonic() < deadline and runner.is_alive():
             time.sleep(0.01)
-        assert ledger.machine_wide()[key] - before >= 100, "nothing waited for ARP"
+        if ledger.machine_wide()[key] - before < 100:
+            neigh = subprocess.run(["ip", "netns", "exec", leaf2.namespace, "ip", "-s", "neigh", "show", gpu_addr],
+                                   capture_output=True, text=True).stdout
+            pytest.fail(f"nothing waited for ARP: {ledger.machine_wide()[key] - before} discards; "
+                        f"leaf2's entry: {neigh.strip()!r}; /proc/net/stat/arp_cache: "
+                        f"{Path('/proc/net/stat/arp_cache').read_text()!r}; run: {done}")
     finally:
         # answer ARP again (the next probe resolves it), then put the permanent entry back
         subprocess.run(["ip", "netns", "exec", gpu.namespace, "sysctl", "-qw", f"{ignore}=0"], check=True)
         runner.join(timeout=60)
         netconf.commit_in(leaf2.namespace, neighbours.of_node(plan, "leaf2"))
+    assert "doc" in done, done
     doc = done["doc"]
     led = doc["loss_ledger"]
     arp = sum(p["count"] for p in led["places"] if p["place"] == "neighbour")
