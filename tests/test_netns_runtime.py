@@ -137,3 +137,13 @@ def test_tc_set_ecn_thresholds_change_the_marking_and_bad_values_are_refused(bui
     shown = json.loads(labctl_cli(state_dir, "tc", "show", "leaf1:srv1-gpu0", "--json", "--lab", lab_name).stdout)
     roce = next(q for q in shown["queues"] if q["class"] == "roce")
     assert (roce["kmin"], roce["kmax"], roce["pmax"]) == (100_000, 400_000, 0.5)
+
+
+def test_pingall_samples_pairs_and_says_it_sampled(built_lab, lab_name, state_dir):
+    require_root()
+    built_lab(LEAF_SPINE)
+    r = labctl_cli(state_dir, "pingall", lab_name, "--sample", "7", "--seed", "3")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"pingall {lab_name}: 7/7 pairs reachable (a random sample, seed 3)" in r.stdout, r.stdout
+    r = labctl_cli(state_dir, "pingall", lab_name, "--sample", "0")
+    assert r.returncode == 2 and "--sample" in r.stderr, r.stderr
