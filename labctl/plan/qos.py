@@ -71,8 +71,9 @@ def dscp_map(classes: list[dict]) -> dict[int, int]:
 # Lab time from a queue passing XOFF to its feeders stopped: the controller's worst-case reaction,
 # measured on the development machine (telemetry/reaction.py, docs/design.md §10). Over 40 bundled
 # incasts, 20 of them beside two CPU-burning processes, the worst was 14.5 ms and the p99 at most
-# 6.5 ms. Every lossless test checks that each run's worst stayed within this.
-PFC_RESPONSE_S = 0.02
+# 6.5 ms; a later CI run saw one read come 23 ms late (most runs' worst: 4.5-10.5 ms), so 30 ms.
+# Every lossless test checks that each run's worst stayed within this.
+PFC_RESPONSE_S = 0.03
 
 
 def headroom(lab_rate_bps: int, feeders: int, lab_delay_ns: int, frame: int) -> int:

@@ -75,7 +75,7 @@ def read(lab_path) -> Histogram:
 
 
 def describe(s: dict) -> str:
-    """One line: 'controller reaction: worst 6.5 ms, p99 2.0 ms over 3,120 reads (headroom sized for 20 ms)'."""
+    """One line: 'controller reaction: worst 6.5 ms, p99 2.0 ms over 3,120 reads (headroom sized for 30 ms)'."""
     def ms(x):
         return "over 200 ms" if x == float("inf") else f"{x * 1e3:.1f} ms"
     text = (f"controller reaction: worst {ms(s['worst_s'])}, p99 {ms(s['p99_s'])} over {s['reads']:,} reads of busy "

@@ -50,7 +50,7 @@ class TrafficClass(Strict):
     weight: int = Field(1, ge=1, le=100, description="share of the link among non-strict classes, 1..100")
     buffer: Size = Field(4 * 1024 * 1024, description="this class's egress buffer per port, e.g. 4MiB")
     headroom: Size | None = Field(None, description="lossless: buffer kept above XOFF for in-flight data "
-                                                    "(default: feeders x rate x (2 x delay + the controller's reaction, 20 ms) + 2 MTU)")
+                                                    "(default: feeders x rate x (2 x delay + the controller's reaction, 30 ms) + 2 MTU)")
 
 
 class EcnProfile(Strict):
