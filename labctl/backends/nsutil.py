@@ -35,25 +35,47 @@ def exists(name: str) -> bool:
     return path(name).exists()
 
 
+CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _setns(fd: int) -> None:
+    if _libc.setns(fd, CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"setns: {os.strerror(err)}")
+
+
+@contextlib.contextmanager
+def _returning():
+    """Come back to the calling thread's own namespace after the block. pyroute2's pushns/popns
+    keep one stack for the whole process and save /proc/self (the main thread's namespace): two
+    threads entering namespaces at once (a run's sampler beside the main thread) could swap their
+    saved namespaces and leave the main thread inside a lab's namespace for good."""
+    saved = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    try:
+        yield
+    finally:
+        try:
+            _setns(saved)
+        finally:
+            os.close(saved)
+
+
 def create(name: str) -> None:
     """Create a named namespace in this process (no fork: ~1 ms instead of ~7 ms). Fails if it exists."""
-    pr_netns.pushns()
-    try:
+    with _returning():
         pr_netns.setns(name, flags=os.O_CREAT | os.O_EXCL, fork=False)
-    finally:
-        pr_netns.popns()
 
 
 @contextlib.contextmanager
 def entered(name: str):
     """Run the block inside namespace `name`; sockets opened there stay bound to it."""
     fd = os.open(path(name), os.O_RDONLY)  # FileNotFoundError rather than pyroute2 creating it
-    pr_netns.pushns()
     try:
-        pr_netns.setns(fd)
-        yield
+        with _returning():
+            _setns(fd)
+            yield
     finally:
-        pr_netns.popns()
         os.close(fd)
 
 
