@@ -166,10 +166,16 @@ def kill_all(pids: list[int], grace: float = 2.0) -> None:
 
 
 def _alive(pid: int) -> bool:
+    """Still running, or a zombie leader whose other threads are still exiting: the last thread
+    out releases the process's sockets, which can take seconds, and the lab is not gone till then."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except (OSError, IndexError):
+            if f.read().split(") ", 1)[1][0] != "Z":
+                return True
+        with open(f"/proc/{pid}/status") as f:
+            threads = next((line.split()[1] for line in f if line.startswith("Threads:")), "1")
+        return int(threads) > 1
+    except (OSError, IndexError, ValueError):
         return False
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import socket
 import struct
+from concurrent.futures import ThreadPoolExecutor
 
 from labctl.backends import nsutil, rtnl
 from labctl.dataplane import pfc
@@ -23,19 +24,22 @@ CHANGE = rtnl.NLM_F_REQUEST | rtnl.NLM_F_ACK
 
 
 class Port:
-    def __init__(self, node: Node, iface: Interface, cls: ClassPlan, peer_mac: str, nl: socket.socket, settings):
+    def __init__(self, node: Node, iface: Interface, cls: ClassPlan, peer_mac: str, nl: socket.socket, settings,
+                 kick_sock: socket.socket):
         self.node, self.iface, self.cls, self.peer_mac, self.nl = node, iface, cls, peer_mac, nl
+        self.kick_sock = kick_sock  # the node's own (kick_socket()): shared by its ports
         self.settings = settings    # control.PortSettings: PFC on/off, XOFF/XON as changed at runtime
         self.state = pfc.PortPfc(cls.tc)
         self.over_xoff = False
         self.kicks = 0              # the neighbour counts each as an rx drop: no protocol takes it (ledger.py)
         with nsutil.entered(node.namespace):
-            self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(pfc.ETH_P_MAC_CONTROL))
-            self.kick_sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
+            # protocol 0 until bind: a packet socket created with a protocol is hooked at once, and
+            # bind must unhook it again, which waits for an RCU grace period (6 ms each, measured):
+            # 100 s for the 5,000 ports of a 1,024-GPU lab
+            self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
         self.sock.bind((iface.name, pfc.ETH_P_MAC_CONTROL))
         self.sock.setsockopt(SOL_PACKET, PACKET_QDISC_BYPASS, 1)  # MAC control never queues
         self.sock.setblocking(False)
-        self.kick_sock.bind((iface.name, 0))
         self.kick = (bytes.fromhex(peer_mac.replace(":", "")) + bytes.fromhex(iface.mac.replace(":", ""))
                      + struct.pack("!H", pfc.ETH_P_KICK) + bytes(46))
 
@@ -80,7 +84,8 @@ class Port:
         self._set(paused=False)
         self.state.ended(now)
         try:
-            self.kick_sock.send(self.kick)  # an enqueue runs the qdisc, which dequeues the resumed class
+            # an enqueue runs the qdisc, which dequeues the resumed class
+            self.kick_sock.sendto(self.kick, (self.iface.name, 0))
             self.kicks += 1
         except OSError:
             pass
@@ -100,6 +105,18 @@ class Port:
     def counters(self, now: float) -> dict:
         return {"node": self.node.name, "port": self.iface.name, **self.state.counters(now), "kicks": self.kicks}
 
-    def close(self) -> None:
-        self.sock.close()
-        self.kick_sock.close()
+
+def kick_socket(namespace: str) -> socket.socket:
+    """A node's socket for kicks: unbound (so never hooked), sending through each port's qdisc."""
+    with nsutil.entered(namespace):
+        return socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
+
+
+def close_all(socks: list) -> None:
+    """Close many packet sockets at once. Each close waits for an RCU grace period (9 ms measured);
+    closes on parallel threads share grace periods (0.16 ms each with 256 threads), so a 1,024-GPU
+    lab's controller exits in about a second instead of 45."""
+    if not socks:
+        return
+    with ThreadPoolExecutor(min(256, len(socks))) as pool:
+        list(pool.map(lambda s: s.close(), socks))
