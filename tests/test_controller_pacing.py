@@ -45,6 +45,8 @@ def setup(monkeypatch):
     monkeypatch.setattr(ctl.qdepth, "backlogs_get", lambda sock, request: dict(backlogs))
     c = Controller.__new__(Controller)
     c.plan = SimpleNamespace(shared_buffer=None)
+    c.idle = IDLE
+    c.pfc_activity = 0
     node = SimpleNamespace(switching=True, name="leaf1")
     port, feeder = FakePort("spine1"), FakePort("gpu0")   # gpu0's traffic can queue toward spine1
     sw = Switch(node, sock=None, nft=Recorder(), family="ip")
@@ -88,3 +90,19 @@ def test_a_queue_found_empty_releases_xoff_and_stops_marking(setup):
     c.poll(sw)
     assert not port.over_xoff and feeder.sent[-1] == 0  # XON sent
     assert sw.marking[(ECN_KEY[0], 3)] == 0 and sw.nft.commands[-1].count("add rule") == 0
+
+
+def test_idle_reads_stay_within_their_budget_and_the_headroom_follows():
+    from labctl.plan import qos
+    # the bundled lab (19 switches, 120 queues) keeps 100 Hz and the 30 ms the headroom was sized for
+    bundled = [6] * 19
+    assert qos.controller_idle_s(bundled) == IDLE
+    assert qos.pfc_response_s(bundled) == qos.PFC_RESPONSE_S
+    # 1,024 GPUs: 48 switches of 43 queues, 128 NVLink switches of 8; idle reads keep to their share
+    big = [43] * 48 + [8] * 128
+    idle = qos.controller_idle_s(big)
+    cost = sum(qos.READ_BASE_S + qos.READ_PER_QUEUE_S * q for q in big)
+    assert idle > IDLE and cost / idle == pytest.approx(qos.IDLE_CPU_SHARE)
+    assert qos.pfc_response_s(big) == pytest.approx(qos.PFC_RESPONSE_S + idle - IDLE)
+    small = qos.headroom(100_000_000, 4, 0, 1538)
+    assert qos.headroom(100_000_000, 4, 0, 1538, qos.pfc_response_s(big)) > 2 * small

@@ -193,6 +193,7 @@ def shaping(b: Build) -> None:
     """Every port's HTB tree: the link's lab rate, the classes, and each lossless class's XOFF."""
     t = b.topo
     degree = {name: len(n.interfaces) for name, n in b.nodes.items()}
+    response = qos.pfc_response_s(controlled_queues(b))
     for node in b.nodes.values():
         for iface in node.interfaces:
             link, lk = b.links[iface.link], t.links[iface.link]
@@ -203,7 +204,16 @@ def shaping(b: Build) -> None:
             iface.shaping = qos.shaping_for(
                 link.lab_rate_bps, link.mtu, buffer or t.defaults.buffer, t.qos.classes,
                 fabric.lossless and (t.qos.pfc or credit), feeders=degree[node.name] - 1, credit_based=credit,
-                lab_delay_ns=link.lab_delay_ns, pfc_quanta=t.qos.pfc_quanta, class_buffer=buffer)
+                lab_delay_ns=link.lab_delay_ns, pfc_quanta=t.qos.pfc_quanta, class_buffer=buffer,
+                response_s=response)
+
+
+def controlled_queues(b: Build) -> list[int]:
+    """For each switch the controller reads, its queues with ECN or PFC (it paces idle reads by
+    their cost). From the topology's classes: this runs before the ports have their shaping."""
+    t = b.topo
+    per_port = sum(1 for c in t.qos.classes if c.ecn or c.lossless)
+    return [len(n.interfaces) * per_port for n in b.nodes.values() if n.switching]
 
 
 def wires(b: Build) -> None:
@@ -234,7 +244,7 @@ def compile_plan(loaded: Loaded) -> model.LabPlan:
     return model.LabPlan(t.name, t.description.strip(), t.dilation, loaded.template, b.fabrics,
                          list(b.nodes.values()), b.links, model.EcnPlan(e.kmin, e.kmax, e.pmax),
                          model.SharedBuffer(t.qos.shared_buffer, t.qos.shared_alpha) if t.qos.shared_buffer else None,
-                         qos.PFC_RESPONSE_S, b.segments)
+                         qos.pfc_response_s(controlled_queues(b)), b.segments)
 
 
 def routes_without(plan: model.LabPlan, down: set[int]) -> dict[str, list[model.Route]]:
