@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""The data-plane controller's loop rate per switch and its CPU use, on a 16-switch lab.
+"""The data-plane controller's loop rate per switch and its CPU use, on a 19-switch lab and (with
+--size 1024) on the 1,024-GPU lab's 176 switches.
 
-Builds a leaf-spine with 4 spines and 12 leaves, then runs the controller's loop (one batched qdisc
+Builds a leaf-spine with 4 spines and 12 leaves (or 128 servers x 8 GPUs, 32 leaves, 16 spines), then runs the controller's loop (one batched qdisc
 query per switch, ECN and PFC decisions, one epoll over every PFC socket) as fast as it can for
 --seconds, and again paced at 1 kHz as it runs in a lab with busy queues. GPU hosts are not polled:
 they only obey pauses, which the select delivers. Target: >= 1 kHz per switch on this 2-core machine. Run as root:
 
-    sudo .venv/bin/python bench/controller.py [--seconds 3]
+    sudo .venv/bin/python bench/controller.py [--seconds 3] [--size 19|1024]
 """
 from __future__ import annotations
 
@@ -27,15 +28,20 @@ from labctl.plan.compile import compile_plan  # noqa: E402
 from labctl.topology.load import load_topology  # noqa: E402
 
 
+SIZES = {"19": ["spines=4", "leaves=12", "servers=3", "gpus_per_server=4"],
+         "1024": ["spines=16", "leaves=32", "servers=128", "gpus_per_server=8"]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--size", choices=sorted(SIZES), default="19")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench/controller.py builds namespaces: run it as root")
     os.environ["LABCTL_STATE_DIR"] = tempfile.mkdtemp(prefix="labctl-bench-")
     plan = compile_plan(load_topology(ROOT / "topologies" / "leaf-spine.yml",
-                                      ["spines=4", "leaves=12", "servers=3", "gpus_per_server=4"], name="bctl"))
+                                      SIZES[args.size], name="bctl"))
     lab = state.claim(plan.lab, plan.to_dict(), None)
     backends.get("netns").apply(plan, lab)  # no controller process: this one is measured in-process
     try:
@@ -73,6 +79,8 @@ def main() -> None:
         print(f"at 1 kHz:    {polls / wall:8.0f} polls/s per switch, {cpu / wall * 100:.0f}% of one core")
         print(f"reaction:    one loop = {1e3 / (polls / wall):.2f} ms lab time = "
               f"{1e6 / (polls / wall) / plan.dilation:.2f} us on the real fabric (dilation {plan.dilation:g})")
+        print(f"idle pace:   every {ctl.idle * 1e3:.1f} ms per switch (qos.controller_idle_s); "
+              f"PFC headroom sized for {plan.pfc_response_s * 1e3:.1f} ms")
     finally:
         backends.get("netns").destroy(lab)
 
