@@ -24,9 +24,11 @@ say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
 # iproute2 (ip, tc), tcpdump/tshark (captures and RoCE decoding), ethtool, nftables (ECN marking),
 # ping, and a Python >= 3.11 with venv. Mininet (the mininet backend, Mininet import and export, and
 # bench/bringup.py's comparison) with what it needs beside it here: bridge-utils, and the system
-# python3 it imports under. Nothing here starts a daemon (Open vSwitch comes along unused).
+# python3 it imports under. docker.io and debootstrap for container nodes and the images labctl
+# builds from Debian packages (`labctl image build`). Nothing here starts a daemon on a machine
+# without systemd (Open vSwitch comes along unused; labctl starts dockerd when a lab needs it).
 packages=(iproute2 tcpdump tshark ethtool nftables iputils-ping procps python3 python3-venv python3-pip
-          mininet bridge-utils)
+          mininet bridge-utils docker.io debootstrap)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -17,6 +17,8 @@ QDISCS = ("htb", "tbf", "bfifo", "clsact", "red", "netem", "prio", "mqprio", "fq
 TOOLS = (("tcpdump", "captures"), ("tshark", "decoding RoCE in captures"), ("dumpcap", "labctl capture"),
          ("ethtool", "NIC offloads by hand"), ("nft", "nftables (ECN marking)"), ("ip", "iproute2"),
          ("mn", "Mininet: --backend mininet, --topo import, export --format mininet, bench/bringup.py"),
+         ("dockerd", "the Docker engine, for container nodes (image:)"),
+         ("debootstrap", "labctl image build (node images from Debian packages)"),
          ("dot", "Graphviz, for labctl graph | dot"))
 
 
@@ -184,6 +186,11 @@ def features(k: dict[str, bool]) -> list[dict]:
         {"feature": "Mininet backend (--backend mininet)",
          "mechanism": "Mininet's Python API (system python3) builds nodes and links; labctl configures them",
          "status": _mininet_status()},
+        {"feature": "container nodes (image:)",
+         "mechanism": ("Docker containers with network_mode none, their netns named <lab>-<node> and cabled "
+                       "like any node; dockerd started by labctl when none runs (iptables, bridge and "
+                       "forwarding off)"),
+         "status": _engine_status()},
         {"feature": "TCP flows (frontend)", "mechanism": "kernel TCP in the hosts' namespaces (cubic, reno or bbr "
                                                           "per flow), driven by threads of `labctl run`",
          "status": "in use"},
@@ -194,6 +201,19 @@ def _mininet_status() -> str:
     from labctl.backends import mininet
     why = mininet.available()
     return "available" if why is None else f"not available: {why} (./install.sh installs it)"
+
+
+def _engine_status() -> str:
+    from labctl.containers import engine, images
+    st = engine.status()
+    if not st["dockerd"] and not st["answering"]:
+        return f"not available: dockerd is missing ({engine.INSTALL_HINT})"
+    if not st["answering"]:
+        return "available: no engine runs now; `labctl up` or `labctl engine start` starts dockerd"
+    who = "started by labctl" if st["started_by_labctl"] else "not labctl's"
+    have = [row["name"] for row in images.listing() if row["present"]]
+    return (f"engine running (Docker {st.get('version')}, {who}); images built: "
+            f"{', '.join(have) or 'none yet (labctl image build host)'}")
 
 
 def run() -> dict:

@@ -19,6 +19,7 @@ LAYERS = [
     {"topology"},
     {"plan"},
     {"state", "helpers"},
+    {"containers"},
     {"backends"},
     {"telemetry"},
     {"dataplane", "wan"},

@@ -58,6 +58,10 @@ class MininetBackend(NetnsBackend):
         if wires.wired(plan):
             raise LabError("the mininet backend has no WAN line: links with a delay, loss, jitter or encryption "
                            "need the netns backend", "use --backend netns for this lab")
+        boxed = [n.name for n in plan.nodes if n.container]
+        if boxed:
+            raise LabError(f"the mininet backend builds no container nodes ({', '.join(boxed[:3])} have an image:)",
+                           "use --backend netns for this lab: it runs containers beside namespaces")
         procs.raise_fd_limit(3 * len(plan.nodes) + 64)
         for node in plan.nodes:
             if nsutil.exists(node.namespace):

@@ -17,6 +17,7 @@ import time
 from labctl import procs
 from labctl.backends import neighbours, netconf, nsutil, rps, rtnl, wires
 from labctl.backends.base import Backend, Progress, quiet
+from labctl.containers import nodes as container_nodes
 from labctl.errors import LabError
 from labctl.plan.model import LabPlan
 from labctl.state import LabDir
@@ -27,6 +28,13 @@ class NetnsBackend(Backend):
     description = "Linux network namespaces and veth pairs, built over rtnetlink (the default)"
 
     def apply(self, plan: LabPlan, lab: LabDir, progress: Progress = quiet) -> None:
+        if not any(n.container for n in plan.nodes):
+            return self._apply(plan, lab, progress)
+        from labctl.containers import engine
+        with engine.lease():      # no other labctl stops the engine before our containers are journaled
+            return self._apply(plan, lab, progress)
+
+    def _apply(self, plan: LabPlan, lab: LabDir, progress: Progress) -> None:
         procs.raise_fd_limit(3 * len(plan.nodes) + 6 * len(wires.wired(plan)) + 64)
         for node in plan.nodes:
             if nsutil.exists(node.namespace):
@@ -34,11 +42,15 @@ class NetnsBackend(Backend):
                                f"`labctl down {plan.lab}` if it is a lab of that name, or pick another "
                                "name with --name")
         handles: dict[str, _NsHandles] = {}
+        docker_client = _container_engine(plan, progress)
         try:
             for i, node in enumerate(plan.nodes):
                 lab.journal("netns", node.namespace)
                 try:
-                    nsutil.create(node.namespace)
+                    if node.container:
+                        nsutil.attach(node.namespace, container_nodes.start(docker_client, node, lab))
+                    else:
+                        nsutil.create(node.namespace)
                 except FileExistsError:
                     lab.journal("released-netns", node.namespace)
                     raise LabError(f"namespace {node.namespace!r} appeared while building") from None
@@ -70,6 +82,9 @@ class NetnsBackend(Backend):
             handles.clear()
             self.destroy(lab)
             raise
+        finally:
+            if docker_client is not None:
+                docker_client.close()
 
     def _create_links(self, plan: LabPlan, handles: dict[str, "_NsHandles"], progress: Progress) -> None:
         sock = rtnl.open_socket()
@@ -99,6 +114,8 @@ class NetnsBackend(Backend):
     def destroy(self, lab: LabDir, keep_record: bool = False) -> list[str]:
         """Remove everything the journal lists: processes in the lab's namespaces, then the namespaces."""
         names = lab.namespaces()
+        had_containers = bool(lab.journaled("container"))
+        container_nodes.remove(lab)     # first: Docker stops what runs in them, and forgets them
         inodes = {i for i in (nsutil.inode(n) for n in names) if i is not None}
         # only processes provably started by labctl (PID and start time), and those inside the lab's
         # own namespaces: never a PID that was reused since
@@ -113,7 +130,36 @@ class NetnsBackend(Backend):
             nsutil.kill_all(nsutil.pids_in(inodes))
         if not keep_record:
             lab.remove()
+        if had_containers:
+            from labctl.containers import engine
+            from labctl.state import all_labs
+            engine.release_if_idle(container_nodes.labs_with_containers(all_labs(), but=lab.name))
         return removed
+
+
+def _container_engine(plan: LabPlan, progress: Progress):
+    """A Docker client if the lab has container nodes (starting the engine if none runs), after
+    checking that none of their names is taken."""
+    wanted = [n for n in plan.nodes if n.container]
+    if not wanted:
+        return None
+    from labctl.containers import engine
+    client = engine.ensure(auto=True, progress=progress)
+    for node in wanted:
+        if _exists(client, node.container.name):
+            client.close()
+            raise LabError(f"a container named {node.container.name!r} already exists; it is not this lab's to reuse",
+                           f"`labctl down {plan.lab}` if it is a lab of that name, or pick another name with --name")
+    return client
+
+
+def _exists(client, name: str) -> bool:
+    from labctl.containers import engine
+    try:
+        client.containers.get(name)
+        return True
+    except engine.sdk().errors.NotFound:
+        return False
 
 
 class _NsHandles:

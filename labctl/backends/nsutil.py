@@ -67,6 +67,22 @@ def create(name: str) -> None:
         pr_netns.setns(name, flags=os.O_CREAT | os.O_EXCL, fork=False)
 
 
+MS_BIND = 0x1000
+
+
+def attach(name: str, pid: int) -> None:
+    """Name the network namespace of process `pid` (what `ip netns attach` does: a bind mount of
+    /proc/PID/ns/net); for nodes whose namespace a container engine made. Fails if the name exists."""
+    target = path(name)
+    NETNS_DIR.mkdir(parents=True, exist_ok=True)
+    os.close(os.open(target, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0))
+    src = f"/proc/{int(pid)}/ns/net"
+    if _libc.mount(src.encode(), str(target).encode(), None, MS_BIND, None) != 0:
+        err = ctypes.get_errno()
+        target.unlink(missing_ok=True)
+        raise OSError(err, f"bind-mounting {src} on {target}: {os.strerror(err)}")
+
+
 @contextlib.contextmanager
 def entered(name: str):
     """Run the block inside namespace `name`; sockets opened there stay bound to it."""

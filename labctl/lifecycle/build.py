@@ -9,6 +9,7 @@ from pathlib import Path
 from labctl import backends, helpers, state
 from labctl.errors import InputError, Where
 from labctl.kinds import node_kind
+from labctl.lifecycle import software
 from labctl.lifecycle.labs import backend_of, find_lab, require_root
 from labctl.plan.compile import compile_plan
 from labctl.plan.model import LabPlan
@@ -40,6 +41,8 @@ def build(loaded: Loaded, backend: str = "netns", progress=None,
     kwargs = {"progress": progress} if progress else {}
     builder.apply(plan, lab, **kwargs)
     try:
+        software.run_exec_lines(plan, lab, progress)
+        software.learn_addresses(plan, lab)
         start_controller(plan, lab)
         start_line(plan, lab)
     except BaseException:

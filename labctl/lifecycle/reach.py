@@ -86,7 +86,7 @@ def pingall(plan: LabPlan, fabric: str | None = None, parallel: int = 64, sample
         pairs = random.Random(seed).sample(pairs, sample)
     failed = []
     for start in range(0, len(pairs), parallel):
-        running = [(a, b, subprocess.Popen(backend.exec_argv(a, ["ping", "-n", "-q", "-c", "1", "-W", "2",
+        running = [(a, b, subprocess.Popen(backend.netns_argv(a, ["ping", "-n", "-q", "-c", "1", "-W", "2",
                                                                  bi.address.split("/")[0]]),
                                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
                    for a, b, bi in pairs[start:start + parallel]]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from labctl import names
 from labctl.errors import InputError
 from labctl.kinds import fabric_kind, node_kind
-from labctl.plan import model, qos, routing
+from labctl.plan import model, qos, routing, software
 from labctl.plan.sysctls import node_sysctls
 from labctl.topology.fabrics import l2_segments, link_fabric, node_fabric
 from labctl.topology.load import Loaded
@@ -115,7 +115,10 @@ def nodes(b: Build) -> None:
             forwarding=kind.forwards, fabric=node_fabric(t, name), server=n.server, rank=n.rank,
             loopback=None, sysctls=node_sysctls(t.routing.hash_policy, t.routing.hash_seed, kind.forwards,
                                                 kind.bridges),
-            zone=n.zone, bridged=kind.bridges)
+            zone=n.zone, bridged=kind.bridges,
+            container=software.container(t.name, name, n, b.loaded.file, b.smap),
+            exec=software.exec_lines(name, n, b.smap),
+            static_routes=n.routes == "static" and n.addresses == "auto", numbered=n.addresses == "auto")
 
 
 def ranks(b: Build) -> None:
@@ -162,7 +165,9 @@ def links(b: Build) -> None:
     for i, (lk, (a, _, z, _), (ia, iz)) in enumerate(zip(t.links, b.ends, ifnames)):
         fabric = link_fabric(t, i)
         seg = b.segment_of.get(i)
-        if seg is None:
+        if seg is None and not (b.nodes[a].numbered and b.nodes[z].numbered):
+            subnet, addr = "", {a: "", z: ""}        # its nodes' exec lines number it
+        elif seg is None:
             subnet = b.pools[fabric].take(31)
             addr = {a: f"{subnet[0]}/31", z: f"{subnet[1]}/31"}
         else:
@@ -170,8 +175,8 @@ def links(b: Build) -> None:
                 net = _segment_subnet(b, seg)
                 seg.subnet, addresses[seg.id] = str(net), iter(net.hosts())
             subnet = ipaddress.ip_network(seg.subnet)
-            addr = {end: ("" if end in seg.bridges else f"{next(addresses[seg.id])}/{subnet.prefixlen}")
-                    for end in (a, z)}
+            addr = {end: ("" if end in seg.bridges or not b.nodes[end].numbered
+                          else f"{next(addresses[seg.id])}/{subnet.prefixlen}") for end in (a, z)}
         rate = lk.rate or t.defaults.rate
         latency = link_latency_ns(lk, t.defaults.latency)
         b.links.append(model.Link(i, f"{a}:{ia}", f"{z}:{iz}", fabric, str(subnet), rate,
@@ -229,6 +234,9 @@ def wires(b: Build) -> None:
 
 def routes(b: Build) -> None:
     routing.add_routes(b.nodes, b.links, b.fabrics, b.segments)
+    for node in b.nodes.values():
+        if not node.static_routes:
+            node.routes = []          # its own software (FRR) or its exec lines route it
 
 
 PASSES = (("pools", pools), ("nodes", nodes), ("ranks", ranks), ("loopbacks", loopbacks),

@@ -60,6 +60,17 @@ class Route:
 
 
 @dataclass
+class Container:
+    """A node that runs in a Docker container: started with no network of Docker's, its netns then
+    exposed as the node's named netns and cabled like any other (containers/nodes.py)."""
+    name: str            # the Docker container's name: labctl-<lab>-<node>
+    image: str
+    cmd: list[str] | None
+    env: dict[str, str]
+    binds: list[str]     # host:container[:ro], host paths absolute
+
+
+@dataclass
 class Node:
     name: str
     kind: str
@@ -75,6 +86,10 @@ class Node:
     routes: list[Route] = field(default_factory=list)
     zone: str | None = None
     bridged: bool = False      # an L2 switch: its ports are one Linux bridge and have no addresses
+    container: Container | None = None
+    exec: list[list[str]] = field(default_factory=list)   # argv lists run inside the node after it is cabled
+    static_routes: bool = True   # False: it routes for itself (FRR), labctl installs no routes there
+    numbered: bool = True        # False: its exec lines address its ports, the plan gives them none
 
     @property
     def switching(self) -> bool:
@@ -198,7 +213,8 @@ class LabPlan:
             ifaces = [Interface(**{**i, "shaping": Shaping(**{**i["shaping"], "classes": [
                 ClassPlan(**c) for c in i["shaping"].get("classes", [])]})}) for i in n["interfaces"]]
             routes = [Route(r["dst"], [NextHop(**h) for h in r["nexthops"]]) for r in n["routes"]]
-            nodes.append(Node(**{**n, "interfaces": ifaces, "routes": routes}))
+            container = Container(**n["container"]) if n.get("container") else None
+            nodes.append(Node(**{**n, "interfaces": ifaces, "routes": routes, "container": container}))
         return cls(d["lab"], d["description"], d["dilation"], d["template"],
                    {k: FabricPlan(**v) for k, v in d["fabrics"].items()}, nodes,
                    [Link(**{**lk, "wire": Wire(**lk["wire"]) if lk.get("wire") else None}) for lk in d["links"]], EcnPlan(**d["ecn"]) if "ecn" in d else EcnPlan(

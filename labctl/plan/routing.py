@@ -118,7 +118,7 @@ def _add_domain_routes(nodes, links, fabrics, segments, members: set[str], weigh
     prefixes: dict[str, set[str]] = {}
     in_segment = {i for s in segments for i in s.links}
     for lk in links:
-        if lk.fabric not in members or lk.id in in_segment:
+        if lk.fabric not in members or lk.id in in_segment or not lk.subnet:
             continue
         ends = {lk.a.split(":")[0], lk.b.split(":")[0]}
         # a link's subnet is reached through the routers at its ends: hosts never forward
@@ -128,7 +128,7 @@ def _add_domain_routes(nodes, links, fabrics, segments, members: set[str], weigh
             _segment_adjacency(seg, nodes, adj, prefixes, down)
     for n in nodes.values():
         for i in n.interfaces:
-            if i.fabric in members and i.link not in down and i.link not in in_segment:
+            if i.fabric in members and i.link not in down and i.link not in in_segment and i.peer_address:
                 adj.setdefault(n.name, []).append(Adjacency(i.name, i.peer_node, i.peer_address, weights[i.link]))
         if n.loopback and n.fabric in members:
             prefixes[n.loopback] = {n.name}
@@ -154,7 +154,7 @@ def _add_domain_routes(nodes, links, fabrics, segments, members: set[str], weigh
 def _segment_adjacency(seg: model.Segment, nodes, adj, prefixes, down) -> None:
     """Every member of a segment neighbours every other; the subnet belongs to its routers."""
     ports = [(n, i) for n in nodes.values() if not n.bridged for i in n.interfaces
-             if i.link in seg.links and i.link not in down]
+             if i.link in seg.links and i.link not in down and i.address]
     for n, i in ports:
         for m, j in ports:
             if m.name != n.name:

@@ -8,7 +8,7 @@ import yaml
 from pydantic import ValidationError
 
 from labctl.errors import InputError, Where
-from labctl.topology import templates as tpl
+from labctl.topology import clab, templates as tpl
 from labctl.names import valid_lab_name
 from labctl.topology.check import check_topology
 from labctl.topology.schema import Topology
@@ -56,6 +56,9 @@ def _render(file: str | Path, sets=(), template_dirs=()):
     path = Path(file)
     text, data, smap = load_yaml_file(path, "lab file", "name:, nodes:, links:", "topologies/leaf-spine.yml")
     overrides = parse_sets(sets)
+    if clab.is_clab(data):
+        text = clab.to_labctl(data, smap, str(path))
+        data, smap = load_yaml(text, f"{path} (read as containerlab; see `labctl render {path}`)")
     if "template" not in data:
         if overrides:
             for key, value in overrides.items():

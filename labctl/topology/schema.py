@@ -10,6 +10,8 @@ from labctl import kinds
 from labctl.units import parse_duration_ns, parse_rate, parse_size
 
 NAME_PATTERN = r"^[a-z][a-z0-9_-]*$"
+# a Docker image reference: [registry[:port]/]repo[:tag][@digest]; never starts with '-' (an option)
+IMAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$"
 
 Rate = Annotated[int, BeforeValidator(parse_rate), Field(gt=0, description="a rate such as 400G or 100Mbit")]
 Duration = Annotated[int, BeforeValidator(parse_duration_ns),
@@ -106,6 +108,22 @@ class Node(Strict):
     rank: int | None = Field(None, ge=0, le=1_000_000, description="the GPU's global rank, 0..1000000")
     zone: Name | None = Field(None, description="the building (AI zone) it stands in; zones meet over the WAN")
     description: str = ""
+    image: str | None = Field(None, max_length=256, pattern=IMAGE_PATTERN,
+                              description="a container image: the node runs in a Docker container with no network "
+                                          "of Docker's, and labctl cables its netns (`labctl image build host` "
+                                          "makes one without a registry)")
+    cmd: str | list[str] | None = Field(None, description="the container's command (default: the image's), "
+                                                          "a string split as a shell would, or a list")
+    env: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], str] = Field(
+        default_factory=dict, description="environment variables of the container, NAME: value")
+    binds: list[str] = Field(default_factory=list, description="host:container[:ro] bind mounts of the "
+                                                               "container (host paths relative to the lab file)")
+    exec: list[str] = Field(default_factory=list, description="commands run in the node once its links exist, "
+                                                             "in order (split as a shell would; no shell runs them)")
+    routes: Literal["static", "none"] = Field("static", description="static: labctl installs shortest-path ECMP "
+                                              "routes; none: the node routes for itself (e.g. FRR)")
+    addresses: Literal["auto", "none"] = Field("auto", description="auto: labctl numbers the node's ports; none: "
+                                               "its exec: lines do (its links get no addresses, and it no routes)")
 
 
 class Link(Strict):

@@ -1,0 +1,66 @@
+"""What runs inside a node beyond labctl's own plumbing: its container, and its exec lines.
+
+Both come from the lab file as text and run as root, so they are checked here, at plan time, with
+the file's line: commands are split as a shell would split them (no shell ever runs them), and a
+bind mount names an absolute host path (a relative one is taken from the lab file's directory, as
+containerlab does).
+"""
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from labctl.errors import InputError
+from labctl.plan import model
+from labctl.topology.schema import Node
+from labctl.topology.yamlpos import SourceMap
+
+BIND_MODES = ("ro", "rw")
+
+
+def container_name(lab: str, node: str) -> str:
+    """The Docker container of a node: `labctl-<lab>-<node>`, as containerlab's `clab-<lab>-<node>`."""
+    return f"labctl-{lab}-{node}"
+
+
+def argv(text: str, smap: SourceMap, key: tuple) -> list[str]:
+    try:
+        out = shlex.split(text)
+    except ValueError as exc:
+        raise InputError(smap.where(key), f"cannot split {text!r} into a command: {exc}",
+                         "close the quote; the line is split as a shell would, and no shell runs it") from None
+    if not out:
+        raise InputError(smap.where(key), "an empty command", "remove the line or write the command")
+    return out
+
+
+def exec_lines(name: str, node: Node, smap: SourceMap) -> list[list[str]]:
+    return [argv(line, smap, ("nodes", name, "exec", i)) for i, line in enumerate(node.exec)]
+
+
+def container(lab: str, name: str, node: Node, lab_file: Path, smap: SourceMap) -> model.Container | None:
+    if node.image is None:
+        for key in ("cmd", "env", "binds"):
+            if getattr(node, key):
+                raise InputError(smap.where(("nodes", name, key)), f"node {name!r} has {key}: but no image:",
+                                 f"{key}: configures a container: add `image:` (e.g. labctl/host, see "
+                                 "`labctl image list`), or remove it")
+        return None
+    cmd = node.cmd
+    if isinstance(cmd, str):
+        cmd = argv(cmd, smap, ("nodes", name, "cmd"))
+    binds = [_bind(text, lab_file, smap, ("nodes", name, "binds", i)) for i, text in enumerate(node.binds)]
+    return model.Container(container_name(lab, name), node.image, cmd, dict(node.env), binds)
+
+
+def _bind(text: str, lab_file: Path, smap: SourceMap, key: tuple) -> str:
+    parts = text.split(":")
+    if len(parts) not in (2, 3) or not all(parts[:2]) or (len(parts) == 3 and parts[2] not in BIND_MODES):
+        raise InputError(smap.where(key), f"{text!r} is not a bind mount",
+                         "write host-path:container-path, or host-path:container-path:ro")
+    host, inside = parts[0], parts[1]
+    if not inside.startswith("/"):
+        raise InputError(smap.where(key), f"the container path {inside!r} is not absolute",
+                         "write it from the container's root, e.g. ./frr.conf:/etc/frr/frr.conf")
+    resolved = Path(host) if host.startswith("/") else (lab_file.resolve().parent / host)
+    return ":".join([str(resolved.resolve()), inside, *parts[2:]])
