@@ -53,8 +53,12 @@ class Backend:
         """A command line that runs `argv` inside the node (an argv list: nothing goes through a shell):
         in a container node, in the container (its own tools, e.g. vtysh); elsewhere in its netns."""
         if node.container:
-            import sys
-            return [_docker_cli(), "exec", "-it" if sys.stdin.isatty() else "-i", node.container.name, *argv]
+            from labctl.containers import engine, nodes
+            client = engine.client()
+            try:
+                return nodes.enter_argv(client, node.container.name, argv)
+            finally:
+                client.close()
         return self.netns_argv(node, argv)
 
     def netns_argv(self, node: Node, argv: list[str]) -> list[str]:
@@ -62,12 +66,3 @@ class Backend:
         checks use: a container image needs no ping, tcpdump or Python)."""
         return ["ip", "netns", "exec", node.namespace, *argv]
 
-
-def _docker_cli() -> str:
-    import shutil
-    from labctl.errors import LabError
-    cli = shutil.which("docker")
-    if cli is None:
-        raise LabError("the docker command is missing, and this node is a container",
-                       "`sudo ./install.sh` installs it, or use `ip netns exec <lab>-<node> ...`")
-    return cli

@@ -118,6 +118,8 @@ def pingall(lab, fabric, sample, seed):
 
     Exits non-zero if any pair cannot reach the other. On a large lab, --sample N checks N pairs
     drawn at random (the same N for the same --seed): a sampled check, not a proof for every pair.
+    In a lab whose exec: lines set the addresses (a containerlab file), the pairs are those the
+    lab's own routing connects, hop by hop as each node's kernel routes them.
 
     \b
     Example:
@@ -132,6 +134,8 @@ def pingall(lab, fabric, sample, seed):
     for a, b in failed:
         click.echo(f"  {a} -> {b}: no reply")
     of = f" (a random sample, seed {seed})" if sample else ""
+    if any(not n.numbered for n in p.nodes):
+        of += " (its exec lines number it: the pairs its own routing connects)"
     click.echo(f"pingall {p.lab}: {tried - len(failed)}/{tried} pairs reachable{of}")
     if failed or not tried:
         raise SystemExit(1)

@@ -76,9 +76,11 @@ def _export_options(f):
 
 @cli.command()
 @click.option("--format", "fmt", default="dot", show_default=True, metavar="FORMAT",
-              help="dot, mermaid, json or mininet (`labctl export --help` lists them)")
+              help="dot, mermaid, json, mininet or clab (`labctl export --help` lists them)")
+@click.option("--strict", is_flag=True, help="clab: refuse a lab that uses what containerlab cannot express "
+                                             "(the PFC/ECN controller, the WAN line, dilation)")
 @_export_options
-def export(source, fmt, sets, topo):
+def export(source, fmt, sets, topo, strict):
     """Write a lab out for another tool: a topology file, or a running lab's record.
 
     \b
@@ -87,14 +89,17 @@ def export(source, fmt, sets, topo):
       mermaid   for a Markdown ```mermaid block
       json      the whole plan (as `labctl plan --json`)
       mininet   a standalone Mininet script (sudo python3 lab.py --test pings every pair)
+      clab      a containerlab topology: linux nodes on labctl/host, exec: lines for
+                addresses, routes and shaping (labctl up FILE.clab.yml reads it back)
 
     \b
     Example:
       labctl export topologies/leaf-spine.yml --format mermaid
       labctl export ls --format json > ls.plan.json
+      labctl export topologies/leaf-spine.yml --format clab > ls.clab.yml
     """
     from labctl import exports
-    click.echo(exports.export(exports.plan_of(source, sets, topo), fmt), nl=False)
+    click.echo(exports.export(exports.plan_of(source, sets, topo), fmt, strict), nl=False)
 
 
 @cli.command()

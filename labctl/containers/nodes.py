@@ -72,6 +72,16 @@ def capabilities() -> list[str]:
     return [name for bit, name in enumerate(CAPABILITIES) if mask >> bit & 1]
 
 
+def enter_argv(client, name: str, argv: list[str]) -> list[str]:
+    """A command line that runs `argv` in the container as `docker exec` would (its mount, UTS, IPC,
+    net and PID namespaces, its root and working directory), with nsenter: 3 ms where the engine
+    takes 50, and an exported leaf-spine runs hundreds of exec lines."""
+    pid = pid_of(client, name)
+    if pid is None:
+        raise LabError(f"container {name} is not running", "`labctl status` shows the lab; `labctl down` and up again")
+    return ["nsenter", "-t", str(pid), "-m", "-u", "-i", "-n", "-p", "-r", "-w", "--", *argv]
+
+
 def pid_of(client, name: str) -> int | None:
     try:
         ctr = client.containers.get(name)

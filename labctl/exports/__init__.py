@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from labctl.errors import LabError
-from labctl.exports import graph, mininet
+from labctl.exports import clab, graph, mininet
 from labctl.paths import is_file
 from labctl.plan.model import LabPlan
 
@@ -19,13 +19,17 @@ FORMATS = {
     "mermaid": (graph.mermaid, "Mermaid, for a Markdown ```mermaid block"),
     "json": (_json, "the whole plan as JSON (what `labctl plan --json` prints)"),
     "mininet": (mininet.export, "a standalone Mininet script: no argument opens its CLI, --test pings every pair"),
+    "clab": (clab.export, "a containerlab topology (.clab.yml): linux nodes on labctl's image, exec: lines"),
 }
+STRICT_FORMATS = ("clab",)
 
 
-def export(plan: LabPlan, fmt: str) -> str:
+def export(plan: LabPlan, fmt: str, strict: bool = False) -> str:
     if fmt not in FORMATS:
         raise LabError(f"there is no export format {fmt!r}", f"formats: {', '.join(FORMATS)}")
-    return FORMATS[fmt][0](plan)
+    if strict and fmt not in STRICT_FORMATS:
+        raise LabError(f"--strict is for --format {', '.join(STRICT_FORMATS)}", "leave --strict out")
+    return FORMATS[fmt][0](plan, strict=True) if strict else FORMATS[fmt][0](plan)
 
 
 def plan_of(source: str | None, sets=(), topo: str | None = None) -> LabPlan:

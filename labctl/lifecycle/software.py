@@ -1,8 +1,8 @@
 """After a lab is cabled: run each node's exec lines, then learn the addresses they gave.
 
 exec lines are the lab file's own commands (containerlab's `exec:`), run in file order, each as an
-argv list with no shell: in a container node through the engine (in the container's own
-filesystem, as `docker exec`), in a namespace node with `ip netns exec` (this machine's tools).
+argv list with no shell: in a container node inside the container (its own filesystem and
+tools, as `docker exec` runs them), in a namespace node with `ip netns exec` (this machine's tools).
 A line that fails fails `up`, which then removes what it made.
 
 A node with `addresses: none` is numbered by those lines, so the plan cannot know its addresses:
@@ -12,6 +12,7 @@ which pingall, route, exec's node names and the agents use them as any planned a
 from __future__ import annotations
 
 import json
+import shlex
 import socket
 import subprocess
 
@@ -21,45 +22,56 @@ from labctl.plan.model import LabPlan
 from labctl.state import LabDir
 
 EXEC_TIMEOUT_S = 120
+EXEC_PARALLEL = 8
+CONTAINER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def run_exec_lines(plan: LabPlan, lab: LabDir, progress=None) -> None:
-    lines = [(node, argv) for node in plan.nodes for argv in node.exec]
-    if not lines:
+    """Each node's lines in order, nodes side by side (as containerlab does)."""
+    nodes = [n for n in plan.nodes if n.exec]
+    if not nodes:
         return
+    from concurrent.futures import ThreadPoolExecutor
     client = None
-    try:
-        for k, (node, argv) in enumerate(lines):
-            if node.container:
-                if client is None:
-                    from labctl.containers import engine
-                    client = engine.client()
-                code, out = _in_container(client, node.container.name, argv)
-            else:
-                r = subprocess.run(["ip", "netns", "exec", node.namespace, *argv], capture_output=True,
-                                   text=True, timeout=EXEC_TIMEOUT_S, stdin=subprocess.DEVNULL, cwd="/")
-                code, out = r.returncode, (r.stderr or r.stdout)
+    if any(n.container for n in nodes):
+        from labctl.containers import engine
+        client = engine.client()
+    total, done = sum(len(n.exec) for n in nodes), [0]
+
+    def node_lines(node) -> str | None:
+        for argv in node.exec:
+            code, out = _run(client, node, argv)
             if code != 0:
-                shown = " ".join(argv)
-                raise LabError(f"node {node.name}: exec line `{shown}` exited with status {code}: "
-                               f"{out.strip()[-300:] or 'no output'}",
-                               "fix the line under the node's exec: (`labctl plan FILE` lists them)")
+                return (f"node {node.name}: exec line `{shlex.join(argv)}` exited with status {code}: "
+                        f"{out.strip()[-300:] or 'no output'}")
+            done[0] += 1
             if progress:
-                progress("exec", k + 1, len(lines))
-    except FileNotFoundError as exc:
-        raise LabError(f"cannot run an exec line: {exc}") from None
+                progress("exec", done[0], total)
+        return None
+
+    try:
+        with ThreadPoolExecutor(max_workers=EXEC_PARALLEL) as pool:
+            errors = [e for e in pool.map(node_lines, nodes) if e]
     finally:
         if client is not None:
             client.close()
+    if errors:
+        raise LabError(errors[0], "fix the line under the node's exec: (`labctl plan FILE` lists them)")
 
 
-def _in_container(client, name: str, argv: list[str]) -> tuple[int, str]:
-    ctr = client.containers.get(name)
+def _run(client, node, argv: list[str]) -> tuple[int, str]:
+    if node.container:
+        from labctl.containers import nodes as container_nodes
+        line = container_nodes.enter_argv(client, node.container.name, argv)
+        env = {"PATH": CONTAINER_PATH, **node.container.env}
+    else:
+        line, env = ["ip", "netns", "exec", node.namespace, *argv], None
     try:
-        result = ctr.exec_run(argv, stdin=False, tty=False)
-    except Exception as exc:            # the engine's "executable file not found" is an APIError
-        return 127, str(getattr(exc, "explanation", None) or exc)
-    return result.exit_code, result.output.decode(errors="replace")
+        r = subprocess.run(line, capture_output=True, env=env,
+                           text=True, timeout=EXEC_TIMEOUT_S, stdin=subprocess.DEVNULL, cwd="/")
+    except subprocess.TimeoutExpired:
+        return 124, f"still running after {EXEC_TIMEOUT_S} s"
+    return r.returncode, (r.stderr or r.stdout)
 
 
 def learn_addresses(plan: LabPlan, lab: LabDir) -> bool:

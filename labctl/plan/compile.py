@@ -152,8 +152,12 @@ def segments(b: Build) -> None:
         b.segment_of.update({i: seg for i in link_ids})
 
 
-def _segment_subnet(b: Build, seg: model.Segment) -> ipaddress.IPv4Network:
-    members = sum(1 for i in seg.links for end in (b.ends[i][0], b.ends[i][2]) if end not in seg.bridges)
+def _segment_subnet(b: Build, seg: model.Segment) -> ipaddress.IPv4Network | None:
+    """Room for the segment's numbered members (None if its exec lines number all of them)."""
+    members = sum(1 for i in seg.links for end in (b.ends[i][0], b.ends[i][2])
+                  if end not in seg.bridges and b.nodes[end].numbered)
+    if not members:
+        return None
     host_bits = max(2, (members + 1).bit_length())   # room for the members, the network and broadcast
     return b.pools[seg.fabric].take(32 - host_bits)
 
@@ -171,12 +175,12 @@ def links(b: Build) -> None:
             subnet = b.pools[fabric].take(31)
             addr = {a: f"{subnet[0]}/31", z: f"{subnet[1]}/31"}
         else:
-            if not seg.subnet:
+            if seg.id not in addresses:
                 net = _segment_subnet(b, seg)
-                seg.subnet, addresses[seg.id] = str(net), iter(net.hosts())
-            subnet = ipaddress.ip_network(seg.subnet)
+                seg.subnet, addresses[seg.id] = (str(net), iter(net.hosts())) if net else ("", iter(()))
+            subnet = seg.subnet
             addr = {end: ("" if end in seg.bridges or not b.nodes[end].numbered
-                          else f"{next(addresses[seg.id])}/{subnet.prefixlen}") for end in (a, z)}
+                          else f"{next(addresses[seg.id])}/{subnet.split('/')[1]}") for end in (a, z)}
         rate = lk.rate or t.defaults.rate
         latency = link_latency_ns(lk, t.defaults.latency)
         b.links.append(model.Link(i, f"{a}:{ia}", f"{z}:{iz}", fabric, str(subnet), rate,

@@ -160,4 +160,5 @@ def _segment_adjacency(seg: model.Segment, nodes, adj, prefixes, down) -> None:
             if m.name != n.name:
                 adj.setdefault(n.name, []).append(Adjacency(i.name, m.name, j.address.split("/")[0]))
     owners = {n.name for n, _ in ports}
-    prefixes[seg.subnet] = {o for o in owners if nodes[o].forwarding} or owners
+    if seg.subnet:
+        prefixes[seg.subnet] = {o for o in owners if nodes[o].forwarding} or owners

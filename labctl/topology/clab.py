@@ -109,10 +109,10 @@ def _node(name: str, spec: dict, kinds: dict, defaults: dict, smap: SourceMap, n
                 raise InputError(smap.where(at + (key,)), f"unknown containerlab node key {key!r}",
                                  f"labctl reads {', '.join(NODE_KEYS)}, and ignores {', '.join(IGNORED_NODE_KEYS[:6])}, ...")
     node: dict = {"kind": KIND_MAP[kind]}
-    image = next((x["image"] for x in reversed(level) if x.get("image")), None)
+    image = _nearest(level, "image") or None          # `image: ""` on a node: a plain namespace
     if image and node["kind"] != "bridge":
         node["image"] = str(image)
-    cmd = next((x["cmd"] for x in reversed(level) if x.get("cmd")), None)
+    cmd = _nearest(level, "cmd")
     if not image and node["kind"] != "bridge" and any(x.get(k) for x in level for k in ("cmd", "env", "binds")):
         notes.append(f"{name}: cmd, env and binds ignored (no image: the node is a plain namespace)")
     if cmd is not None and image:
@@ -126,7 +126,7 @@ def _node(name: str, spec: dict, kinds: dict, defaults: dict, smap: SourceMap, n
         node["env"] = env
     if binds and image:
         node["binds"] = binds
-    exec_lines = next((x["exec"] for x in reversed(level) if x.get("exec")), None)
+    exec_lines = _nearest(level, "exec")
     if exec_lines:
         node["exec"] = exec_lines
     if spec.get("group"):
@@ -134,6 +134,11 @@ def _node(name: str, spec: dict, kinds: dict, defaults: dict, smap: SourceMap, n
     if node["kind"] != "bridge":
         node["addresses"] = "none"
     return node
+
+
+def _nearest(level: list[dict], key: str):
+    """The value of the most specific level that sets `key` (node, then kind, then defaults)."""
+    return next((x[key] for x in reversed(level) if key in x), None)
 
 
 def _link(i: int, lk: object, nodes: dict, smap: SourceMap) -> dict:

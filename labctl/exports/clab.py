@@ -1,0 +1,103 @@
+"""`labctl export FILE --format clab`: a containerlab topology of the same lab.
+
+Every node becomes a containerlab `linux` node running labctl's image (`labctl image build host`
+makes it; containerlab needs it in the local engine too). Its `exec:` lines, run by containerlab
+inside the container after the links exist, set what labctl sets: sysctls, MTUs, addresses, the
+loopback, the static routes (ECMP next-hops and weights), a bridge for L2 nodes, and each port's
+shaping at the lab rate (one HTB class with a byte-limited bfifo; the shaping
+lines leave alone a port that is shaped already, as it is when labctl imports the file back).
+Links are brief-form veths with labctl's port names.
+
+What containerlab cannot express is listed in the file's header; `--strict` refuses such a lab.
+"""
+from __future__ import annotations
+
+import shlex
+
+import yaml
+
+from labctl.errors import LabError
+from labctl.plan.model import Interface, LabPlan, Node
+
+IMAGE = "labctl/host"
+SYSCTL_KEYS = ("forward", "rp_filter", "multipath", "disable_ipv6", "ignore_routes_with_linkdown")
+
+
+def cannot_express(plan: LabPlan) -> list[str]:
+    out = []
+    if any(c.lossless or c.ecn for n in plan.nodes for i in n.interfaces for c in i.shaping.classes):
+        out.append("labctl's PFC/ECN controller and its traffic classes (no 802.1Qbb pauses, no ECN marking): "
+                   "each port gets one HTB class at the link rate")
+    if any(lk.wire for lk in plan.links):
+        out.append("the WAN line (delay, loss, jitter, ESP) of links "
+                   + ", ".join(f"{lk.a}--{lk.b}" for lk in plan.links if lk.wire)
+                   + ": add `containerlab tools netem set` by hand")
+    if plan.dilation != 1:
+        out.append(f"time dilation {plan.dilation:g}: the links run at the lab rates (real rate / dilation) as they are")
+    if any(n.container and n.container.image != IMAGE for n in plan.nodes):
+        out.append("nodes' own images, cmd, env and binds are kept as given; check them for containerlab")
+    return out
+
+
+def export(plan: LabPlan, strict: bool = False) -> str:
+    missing = cannot_express(plan)
+    if strict and missing:
+        raise LabError(f"containerlab cannot express all of lab {plan.lab!r}: {missing[0]}"
+                       + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""),
+                       "export without --strict (the file's header lists what is left out)")
+    nodes = {n.name: _node(plan, n) for n in plan.nodes}
+    links = [{"endpoints": [lk.a, lk.b]} for lk in plan.links]
+    doc = {"name": plan.lab, "topology": {"nodes": nodes, "links": links}}
+    header = [f"# lab {plan.lab!r}, exported by `labctl export --format clab`.",
+              f"#   labctl image build host && sudo containerlab deploy -t {plan.lab}.clab.yml",
+              "# Each node's exec: lines set its sysctls, addresses, routes and shaping, as labctl does."]
+    if missing:
+        header.append("# What containerlab cannot express, and this file leaves out:")
+        header += [f"#   - {m}" for m in missing]
+    return "\n".join(header) + "\n" + yaml.safe_dump(doc, sort_keys=False, width=1000)
+
+
+def _node(plan: LabPlan, n: Node) -> dict:
+    node: dict = {"kind": "linux", "image": n.container.image if n.container else IMAGE}
+    if n.container and n.container.cmd:
+        node["cmd"] = " ".join(n.container.cmd)
+    if n.container and n.container.env:
+        node["env"] = dict(n.container.env)
+    if n.container and n.container.binds:
+        node["binds"] = list(n.container.binds)
+    lines = [f"sysctl -qew {k}={v}" for k, v in n.sysctls.items() if any(s in k for s in SYSCTL_KEYS)]
+    for i in n.interfaces:
+        lines.append(f"ip link set dev {i.name} mtu {i.mtu}")
+    if n.bridged:
+        lines.append("ip link add br0 type bridge")
+        lines += [f"ip link set dev {i.name} master br0" for i in n.interfaces]
+        lines.append("ip link set dev br0 up")
+    lines += [f"ip address add {i.address} dev {i.name}" for i in n.interfaces if i.address]
+    if n.loopback:
+        lines.append(f"ip address add {n.loopback} dev lo")
+    for r in n.routes:
+        if len(r.nexthops) == 1:
+            h = r.nexthops[0]
+            lines.append(f"ip route add {r.dst} via {h.via} dev {h.dev}")
+        else:
+            lines.append(f"ip route add {r.dst} " + " ".join(f"nexthop via {h.via} dev {h.dev} weight {h.weight}"
+                                                           for h in r.nexthops))
+    for i in n.interfaces:
+        lines += _shaping(i)
+    lines += [shlex.join(argv) for argv in n.exec]
+    node["exec"] = lines
+    return node
+
+
+def _shaping(i: Interface) -> list[str]:
+    """One line per port, run by the image's sh: it shapes a port nothing has shaped yet, so that
+    the file also comes up under labctl, whose own HTB tree (with its classes) is there first."""
+    s = i.shaping
+    tc = (f"tc qdisc add dev {i.name} root handle 1: htb default 1 && "
+          f"tc class add dev {i.name} parent 1: classid 1:1 htb rate {s.rate_bps}bit ceil {s.rate_bps}bit "
+          f"burst {s.burst_bytes}b quantum {s.quantum} && "
+          f"tc qdisc add dev {i.name} parent 1:1 handle 10: bfifo limit {s.buffer_bytes}")
+    return [f"sh -c '{_GUARD.format(dev=i.name)} || {{ {tc}; }}'"]
+
+
+_GUARD = "tc qdisc show dev {dev} root | grep -q htb"

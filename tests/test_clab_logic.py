@@ -1,0 +1,129 @@
+"""containerlab files in and out, without root: the corpus in tests/clab/ reads as labctl labs
+(kinds and defaults inherited, exec lines kept, nothing numbered by labctl), every network-OS
+kind is refused with its node, kind and alternative, and the export is valid containerlab (a
+schema of its documented format) that reads back as the same nodes, links and addresses."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from labctl import exports
+from labctl.errors import InputError, LabError
+from labctl.plan.compile import compile_plan
+from labctl.topology.load import load_topology, load_topology_text, render_topology
+
+ROOT = Path(__file__).resolve().parents[1]
+CLAB = ROOT / "tests" / "clab"
+CORPUS = sorted(CLAB.glob("*.clab.yml"))
+NOS = sorted((CLAB / "nos").glob("*.clab.yml"))
+SCHEMA = json.loads((CLAB / "clab-subset.schema.json").read_text())
+
+
+def plan_of(path):
+    return compile_plan(load_topology(path))
+
+
+@pytest.mark.parametrize("path", CORPUS, ids=[p.stem for p in CORPUS])
+def test_corpus_reads_with_exec_lines_and_no_planned_addresses(path):
+    plan = plan_of(path)
+    hosts = [n for n in plan.nodes if not n.bridged]
+    assert hosts and all(not n.numbered and not n.routes for n in hosts)
+    assert all(i.address == "" for n in plan.nodes for i in n.interfaces)
+    assert all(n.exec for n in hosts), [n.name for n in hosts if not n.exec]
+    raw = yaml.safe_load(path.read_text())
+    assert len(plan.links) == len(raw["topology"]["links"])
+
+
+def test_kinds_and_defaults_are_inherited_and_the_node_wins():
+    plan = plan_of(CLAB / "routed.clab.yml")
+    h1, r1, h2 = (plan.node(n) for n in ("h1", "r1", "h2"))
+    assert h1.container.image == "labctl/host" and h1.container.env == {"LAB": "routed"}
+    assert r1.container is None, "image: '' on the node overrides the kind's image: a plain namespace"
+    assert r1.exec[0] == ["sysctl", "-w", "net.ipv4.ip_forward=1"]
+    assert {i.name for i in r1.interfaces} == {"eth1", "eth2"}         # the extended link form too
+    assert h2.container.name == f"labctl-{plan.lab}-h2"
+    text, _, _ = render_topology(CLAB / "routed.clab.yml")
+    assert "# note: mgmt: ignored" in text and "mgmt-ipv4: ignored" in text
+
+
+def test_binds_are_taken_from_the_lab_files_directory():
+    plan = plan_of(CLAB / "frr.clab.yml")
+    assert plan.node("r1").container.binds[1] == f"{CLAB / 'frr' / 'r1.conf'}:/etc/frr/frr.conf:ro"
+    assert plan.node("h1").container.image == "labctl/host"        # from kinds.linux
+
+
+def test_bridge_kind_becomes_labctls_bridge_with_an_unnumbered_segment():
+    plan = plan_of(CLAB / "bridged.clab.yml")
+    assert plan.node("br1").bridged and [s.subnet for s in plan.segments] == [""]
+
+
+@pytest.mark.parametrize("path", NOS, ids=[p.stem for p in NOS])
+def test_a_network_os_kind_is_refused_with_its_node_kind_and_alternative(path):
+    expected = path.read_text().splitlines()[0].removeprefix("# error: ")
+    with pytest.raises(InputError) as exc:
+        load_topology(path)
+    msg = str(exc.value)
+    assert expected in msg and f"{path}:5" in msg, msg
+    assert "labctl/frr" in msg and "kind: linux" in msg
+
+
+@pytest.mark.parametrize("text, message", [
+    ("name: x\ntopology:\n  nodes:\n    a: {kind: linux, startup-config: x.cfg, bogus: 1}\n",
+     "unknown containerlab node key 'bogus'"),
+    ("name: x\ntopology:\n  nodes:\n    a: {kind: host}\n", "containerlab's host kind"),
+    ("name: x\ntopology:\n  nodes:\n    a: {kind: linux}\n  links:\n    - {type: macvlan, endpoints: [a:eth1, macvlan:enp0s3]}\n",
+     "link type 'macvlan'"),
+    ("name: x\ntopology:\n  nodes:\n    A1: {kind: linux}\n", "node name 'A1'"),
+    ("name: x\ntopology:\n  nodes:\n    a: {}\n", "node 'a' has no kind"),
+    ("name: x\ntopology:\n  nodes:\n    a: {kind: linux}\n    b: {kind: linux}\n  links:\n    - endpoints: [a, b]\n",
+     "names no interface"),
+])
+def test_bad_containerlab_input_names_the_line_and_key(tmp_path, text, message):
+    f = tmp_path / "bad.clab.yml"
+    f.write_text(text)
+    with pytest.raises(InputError) as exc:
+        load_topology(f)
+    assert message in str(exc.value) and str(f) in str(exc.value), str(exc.value)
+
+
+@pytest.mark.parametrize("topology", ["leaf-spine.yml", "scale-across.yml", "ai-cluster.yml", "frontend.yml"])
+def test_export_is_valid_containerlab_and_says_what_it_leaves_out(topology):
+    plan = plan_of(ROOT / "topologies" / topology)
+    text = exports.export(plan, "clab")
+    doc = yaml.safe_load(text)
+    jsonschema.validate(doc, SCHEMA)
+    header = [line for line in text.splitlines() if line.startswith("#")]
+    assert any("PFC/ECN controller" in line for line in header)
+    assert any(f"time dilation {plan.dilation:g}" in line for line in header)
+    assert any("WAN line" in line for line in header) == any(lk.wire for lk in plan.links)
+    with pytest.raises(LabError, match="containerlab cannot express"):
+        exports.export(plan, "clab", strict=True)
+
+
+def test_strict_export_of_a_lab_containerlab_can_express():
+    text = ("name: plain\ndilation: 1\ndefaults: {rate: 1G}\nqos: {classes: [{name: default, tc: 0}]}\n"
+            "nodes: {a: {kind: host}, s: {kind: switch}, b: {kind: host}}\n"
+            "links: [{endpoints: [a, s]}, {endpoints: [s, b]}]\n")
+    plan = compile_plan(load_topology_text(text, "plain.yml"))
+    doc = yaml.safe_load(exports.export(plan, "clab", strict=True))
+    jsonschema.validate(doc, SCHEMA)
+
+
+def test_export_reads_back_as_the_same_lab(tmp_path):
+    plan = plan_of(ROOT / "topologies" / "leaf-spine.yml")
+    f = tmp_path / "ls.clab.yml"
+    f.write_text(exports.export(plan, "clab"))
+    back = plan_of(f)
+    assert [n.name for n in back.nodes] == [n.name for n in plan.nodes]
+    assert [(lk.a, lk.b) for lk in back.links] == [(lk.a, lk.b) for lk in plan.links]
+    for n in plan.nodes:
+        lines = [" ".join(a) for a in back.node(n.name).exec]
+        for i in n.interfaces:
+            if i.address:
+                assert f"ip address add {i.address} dev {i.name}" in lines
+        assert len([x for x in lines if x.startswith("ip route add")]) == len(n.routes)
+        assert back.node(n.name).container.image == "labctl/host"
