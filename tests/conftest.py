@@ -71,3 +71,23 @@ def built_lab(state_dir, lab_name):
 
 def require_root():
     assert os.geteuid() == 0, "this test builds real namespaces and must run as root (CI does)"
+
+
+@pytest.fixture(scope="session")
+def docker_engine():
+    """A running Docker engine with labctl's host and FRR images (built once per machine, then
+    cached): started here if none runs, and stopped again at the end if it was started here."""
+    from labctl.containers import engine, images
+    require_root()
+    started = not engine.answering()
+    engine.ensure(auto=False).close()
+    client = engine.client()
+    try:
+        for name in ("host", "frr"):
+            images.build(name, say=lambda m: None)
+        yield client
+    finally:
+        client.close()
+        if started:
+            engine.stop()
+            assert not engine.answering()

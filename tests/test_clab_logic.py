@@ -127,3 +127,34 @@ def test_export_reads_back_as_the_same_lab(tmp_path):
                 assert f"ip address add {i.address} dev {i.name}" in lines
         assert len([x for x in lines if x.startswith("ip route add")]) == len(n.routes)
         assert back.node(n.name).container.image == "labctl/host"
+
+
+def test_bgp_leaf_spine_plans_frr_on_every_switch_with_rfc7938_asns():
+    plan = plan_of(ROOT / "topologies" / "leaf-spine-bgp.yml")
+    switches = [n for n in plan.nodes if n.kind == "switch"]
+    assert switches and all(n.container.image == "labctl/frr" and not n.routes and not n.static_routes
+                            for n in switches)
+    gpus = [n for n in plan.nodes if n.kind == "gpu"]
+    assert all(n.routes and n.container is None for n in gpus), "hosts keep labctl's routes to the fabric"
+    for n in switches:
+        files = {f["path"]: f["text"] for f in n.container.files}
+        conf = files["/etc/frr/frr.conf"]
+        asn = 65000 if n.name.startswith("spine") else 65000 + int(n.name.removeprefix("leaf"))
+        assert f"router bgp {asn}\n" in conf and "maximum-paths 64" in conf and "neighbor fabric bfd" in conf
+        peers = {line.split()[1] for line in conf.splitlines() if line.endswith(" peer-group fabric")}
+        assert peers == {i.peer_address for i in n.interfaces if plan.node(i.peer_node).kind == "switch"}
+        assert "bgpd=yes" in files["/etc/frr/daemons"] and "bfdd=yes" in files["/etc/frr/daemons"]
+    static = plan_of(ROOT / "topologies" / "leaf-spine.yml")
+    assert [n.sysctls for n in static.nodes] == [n.sysctls for n in plan.nodes], "the same ECMP hash settings"
+
+
+def test_node_files_are_refused_without_an_image_and_outside_the_tree(tmp_path):
+    f = tmp_path / "lab.yml"
+    f.write_text("name: x\nnodes:\n  a: {kind: host, files: {/etc/x: hello}}\n  b: {kind: host}\n"
+                 "links: [{endpoints: [a, b]}]\n")
+    with pytest.raises(InputError, match="has files: but no image"):
+        plan_of(f)
+    f.write_text("name: x\nnodes:\n  a: {kind: host, image: labctl/host, files: {/etc/x: {template: ../../etc/passwd}}}\n"
+                 "  b: {kind: host}\nlinks: [{endpoints: [a, b]}]\n")
+    with pytest.raises(InputError, match="not a path inside the template tree"):
+        plan_of(f)

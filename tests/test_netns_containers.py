@@ -20,7 +20,6 @@ from conftest import lab_namespaces, require_root
 from netutil import wait_for
 from labctl import exports, procs, state
 from labctl import lifecycle as labmod
-from labctl.containers import engine, images
 from labctl.errors import InputError
 from labctl.lifecycle.capture import Capture
 from labctl.lifecycle.reach import ping_pairs
@@ -34,22 +33,6 @@ LEAF_SPINE = ROOT / "topologies" / "leaf-spine.yml"
 CLAB = ROOT / "tests" / "clab"
 pytestmark = pytest.mark.netns
 CONVERGE_S = 40           # OSPF in the frr corpus file: hello 1 s, dead 4 s
-
-
-@pytest.fixture(scope="module")
-def docker_engine():
-    """A running engine with the host and FRR images (built once per machine, then cached)."""
-    require_root()
-    started = not engine.answering()
-    engine.ensure(auto=False).close()
-    try:
-        for name in ("host", "frr"):
-            images.build(name, say=lambda m: None)
-        yield engine.client()
-    finally:
-        if started:
-            engine.stop()
-            assert not engine.answering()
 
 
 def lab_containers(client, lab: str) -> list[str]:
@@ -180,3 +163,15 @@ def test_sigkill_during_a_container_up_then_clean_leaves_nothing_and_spares_a_by
         for name in (lab_name, bystander):
             if state.lab_dir(name).path.exists():
                 labmod.down(name)
+
+
+def test_a_failing_exec_line_rolls_the_containers_back(docker_engine, state_dir, lab_name, tmp_path):
+    f = tmp_path / "fails.clab.yml"
+    f.write_text("name: fails\ntopology:\n  nodes:\n"
+                 "    a: {kind: linux, image: labctl/host, exec: ['ip address add 10.9.0.1/24 dev eth1']}\n"
+                 "    b: {kind: linux, image: labctl/host, exec: ['ip link set dev nosuchport up']}\n"
+                 "  links:\n    - endpoints: ['a:eth1', 'b:eth1']\n")
+    from labctl.errors import LabError
+    with pytest.raises(LabError, match="node b: exec line `ip link set dev nosuchport up` exited with status"):
+        labmod.up(str(f), name=lab_name)
+    assert_nothing_left(docker_engine, lab_name, [])

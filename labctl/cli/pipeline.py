@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 
 import click
 from rich.table import Table
@@ -53,13 +54,24 @@ def plan(file, sets, name, template_dirs, topo, as_json):
         click.echo(json.dumps(p.to_dict(), indent=1))
         return
     t = Table(title=f"lab {p.lab}: {len(p.nodes)} nodes, {len(p.links)} links, dilation {p.dilation:g}")
-    for col in ("node", "kind", "namespace", "ports", "addresses", "routes"):
+    boxed = any(n.container for n in p.nodes)
+    for col in ("node", "kind", "namespace", *(("image",) if boxed else ()), "ports", "addresses", "routes"):
         t.add_column(col)
     for n in p.nodes:
-        t.add_row(n.name, n.kind, n.namespace, ", ".join(i.name for i in n.interfaces),
-                  ", ".join([i.address for i in n.interfaces if i.address] + ([n.loopback] if n.loopback else [])),
-                  str(len(n.routes)))
+        addresses = [i.address for i in n.interfaces if i.address] + ([n.loopback] if n.loopback else [])
+        routes = str(len(n.routes)) if n.static_routes else ("its own" if n.numbered else "its exec lines")
+        t.add_row(n.name, n.kind, n.namespace, *((n.container.image if n.container else "-",) if boxed else ()),
+                  ", ".join(i.name for i in n.interfaces),
+                  ", ".join(addresses) or ("(its exec lines)" if not n.numbered else ""), routes)
     out.print(t)
+    lines = [(n, argv) for n in p.nodes for argv in n.exec]
+    if lines:
+        et = Table(title="exec lines, run in each node once it is cabled (in a container, or as root in the netns)")
+        for col in ("node", "in", "command"):
+            et.add_column(col)
+        for n, argv in lines:
+            et.add_row(n.name, "container" if n.container else "netns", shlex.join(argv))
+        out.print(et)
     lt = Table(title="links")
     for col in ("a", "b", "fabric", "subnet", "rate (real)", "rate (lab)"):
         lt.add_column(col)

@@ -130,10 +130,18 @@ def link(state, target, lab_name):
     """
     from labctl import lifecycle as labmod
     lab, plan, node, iface = _target(target, lab_name, need_iface=True)
+    import time
+    t0 = time.monotonic()
     changed = labmod.set_link_state(lab, plan, node, iface, state == "up")
     port = node.iface(iface)
-    out.print(f"link {node.name}:{iface} -- {port.peer_node}:{port.peer_iface} is {state}; "
-              f"{changed} routes changed as the fabric reconverged", highlight=False)
+    took = labmod.converge_after_link_change(lab, plan, t0)
+    if took is None:
+        out.print(f"link {node.name}:{iface} -- {port.peer_node}:{port.peer_iface} is {state}; "
+                  f"{changed} routes changed as the fabric reconverged", highlight=False)
+    else:
+        out.print(f"link {node.name}:{iface} -- {port.peer_node}:{port.peer_iface} is {state}; the lab's routing "
+                  f"converged in {took * 1e3:.0f} ms (lab time; {took * 1e6 / plan.dilation:.1f} us at real-fabric "
+                  f"speed, dilation {plan.dilation:g}, with timers that are not dilated)", highlight=False)
 
 
 @cli.command()

@@ -42,10 +42,11 @@ def start(client, node: Node, lab: LabDir) -> int:
         raise LabError(f"node {node.name}: image {c.image!r} is not in the Docker engine, and no registry is used",
                        "build one (`labctl image build host`, `labctl image build frr`), "
                        "or `docker pull` / `docker load` it first") from None
+    binds = c.binds + _written_files(lab, node)
     lab.journal("container", c.name)
     api = client.api
     host = api.create_host_config(network_mode="none", cap_add=capabilities(), security_opt=PRIVILEGED_OPTS,
-                                  binds=c.binds or None)
+                                  binds=binds or None)
     host["MaskedPaths"], host["ReadonlyPaths"] = [], []     # /proc/sys writable: `--security-opt systempaths=unconfined`
     try:
         made = api.create_container(c.image, command=c.cmd, name=c.name, hostname=node.name, environment=c.env,
@@ -63,6 +64,22 @@ def start(client, node: Node, lab: LabDir) -> int:
                        f"(status {ctr.attrs['State']['ExitCode']}): {logs[-300:] or 'no output'}",
                        "give it a command that keeps running, e.g. `cmd: sleep infinity`")
     return pid
+
+
+def _written_files(lab: LabDir, node: Node) -> list[str]:
+    """The node's planned files, written into the lab directory (so `down` takes them along), as
+    read-only binds. Named by their order, never by their path: a path cannot aim the write elsewhere."""
+    if not node.container.files:
+        return []
+    folder = lab.path / "files" / node.name
+    folder.mkdir(parents=True, exist_ok=True)
+    binds = []
+    for k, f in enumerate(node.container.files):
+        host = folder / str(k)
+        host.write_text(f["text"])
+        host.chmod(0o644)      # daemons in the container read it as their own user (frr)
+        binds.append(f"{host}:{f['path']}:ro")
+    return binds
 
 
 def capabilities() -> list[str]:
@@ -96,7 +113,12 @@ def remove(lab: LabDir) -> list[str]:
     if not names:
         return []
     if not engine.answering():
-        return []            # no engine: nothing of it can be running (its containers died with it)
+        import shutil
+        if shutil.which("dockerd") is None:
+            return []
+        # the engine died (a reboot): its stopped containers are still in its store, so start it
+        # to remove them; the caller's release_if_idle stops it again
+        engine.ensure(auto=True).close()
     client = engine.client()
     docker = engine.sdk()
     removed = []

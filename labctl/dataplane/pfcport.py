@@ -9,6 +9,7 @@ under 10 ms with `tc`, sub-millisecond over netlink.
 """
 from __future__ import annotations
 
+import errno
 import socket
 import struct
 from concurrent.futures import ThreadPoolExecutor
@@ -62,6 +63,10 @@ class Port:
                 data, addr = self.sock.recvfrom(2048)
             except BlockingIOError:
                 return
+            except OSError as exc:
+                if exc.errno in (errno.ENETDOWN, errno.ENXIO, errno.ENODEV):
+                    return      # the port went down (`labctl link down`): said once, and it receives again once up
+                raise
             if addr[2] == socket.PACKET_OUTGOING:
                 continue
             classes = pfc.parse(data)

@@ -36,6 +36,10 @@ def cannot_express(plan: LabPlan) -> list[str]:
         out.append(f"time dilation {plan.dilation:g}: the links run at the lab rates (real rate / dilation) as they are")
     if any(n.container and n.container.image != IMAGE for n in plan.nodes):
         out.append("nodes' own images, cmd, env and binds are kept as given; check them for containerlab")
+    own = [n.name for n in plan.nodes if not n.static_routes and n.numbered]
+    if own:
+        out.append(f"the routing software of {', '.join(own[:4])}{' ...' if len(own) > 4 else ''} (FRR, with its "
+                   "files): left out, so those nodes have no routes here")
     return out
 
 

@@ -29,6 +29,10 @@ def cannot_express(plan: LabPlan) -> list[str]:
         out.append("ESP encryption of WAN links: left out")
     if any(fabric_kind(f.kind).credit_based for f in plan.fabrics.values()):
         out.append("NVLink's credit-based flow control (the scale-up fabric is lossy here)")
+    own = [n.name for n in plan.nodes if not n.static_routes and n.numbered]
+    if own:
+        out.append(f"the routing software of {', '.join(own[:4])}{' ...' if len(own) > 4 else ''} (FRR, with its "
+                   "files): left out, so those nodes have no routes here")
     return out
 
 

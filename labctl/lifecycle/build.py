@@ -9,7 +9,7 @@ from pathlib import Path
 from labctl import backends, helpers, state
 from labctl.errors import InputError, Where
 from labctl.kinds import node_kind
-from labctl.lifecycle import software
+from labctl.lifecycle import convergence, software
 from labctl.lifecycle.labs import backend_of, find_lab, require_root
 from labctl.plan.compile import compile_plan
 from labctl.plan.model import LabPlan
@@ -43,6 +43,9 @@ def build(loaded: Loaded, backend: str = "netns", progress=None,
     try:
         software.run_exec_lines(plan, lab, progress)
         software.learn_addresses(plan, lab)
+        converged = convergence.wait_converged(plan)
+        if converged:
+            lab.write_state(routing_converged_s=round(converged, 3))
         start_controller(plan, lab)
         start_line(plan, lab)
     except BaseException:

@@ -31,6 +31,18 @@ def set_link_state(lab: state.LabDir, plan: LabPlan, node: Node, iface: str, up:
     return changed
 
 
+def converge_after_link_change(lab: state.LabDir, plan: LabPlan, since: float) -> float | None:
+    """Seconds (lab time) from `since` (time.monotonic() of the cut) until the lab's routing
+    software has converged on the links now up; None if labctl's static routes are all there is
+    (they moved already)."""
+    import time
+    from labctl.lifecycle import convergence
+    if not convergence.routing_nodes(plan):
+        return None
+    convergence.wait_converged(plan, set(lab.read_state().get("links_down", [])))
+    return time.monotonic() - since
+
+
 def set_rate(lab: state.LabDir, node: Node, iface: str, rate_bps: int) -> None:
     backend_of(lab).set_rate(node, node.iface(iface), rate_bps)
 

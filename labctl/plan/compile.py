@@ -3,7 +3,7 @@
 Each pass reads what the earlier ones made and adds its part (a new feature adds a pass, not a
 branch in a long function):
 
-    pools → nodes → ranks → loopbacks → segments → links → shaping → wires → routes
+    pools → nodes → ranks → loopbacks → segments → links → shaping → wires → routes → files
 """
 from __future__ import annotations
 
@@ -244,7 +244,8 @@ def routes(b: Build) -> None:
 
 
 PASSES = (("pools", pools), ("nodes", nodes), ("ranks", ranks), ("loopbacks", loopbacks),
-          ("segments", segments), ("links", links), ("shaping", shaping), ("wires", wires), ("routes", routes))
+          ("segments", segments), ("links", links), ("shaping", shaping), ("wires", wires), ("routes", routes),
+          ("files", software.files))
 
 
 def compile_plan(loaded: Loaded) -> model.LabPlan:

@@ -1,4 +1,5 @@
-"""Which ingress ports feed which egress queue of a switch, from the plan's routes.
+"""Which ingress ports feed which egress queue of a switch, from the plan's routes (or, on a
+switch that runs its own routing, the shortest paths it converges to).
 
 A congested lossless queue must pause only the neighbours whose traffic can reach it. Pausing
 every port of the switch instead (what this controller did first) creates cyclic waits: a leaf
@@ -24,7 +25,7 @@ def feeders(plan: LabPlan, node: Node) -> dict[str, set[str]]:
     data_prefixes = [lk.subnet for lk in plan.links
                      if lk.a.split(":")[0] in hosts or lk.b.split(":")[0] in hosts]
     connected = {i.link: i.name for i in node.interfaces}
-    routes = {r.dst: [h.dev for h in r.nexthops] for r in node.routes}
+    routes = {r.dst: [h.dev for h in r.nexthops] for r in _routes(plan, node)}
     for i in node.interfaces:
         peer = plan.node(i.peer_node)
         if not peer.forwarding:
@@ -32,7 +33,7 @@ def feeders(plan: LabPlan, node: Node) -> dict[str, set[str]]:
                 if e != i.name:
                     out[e].add(i.name)
             continue
-        peer_routes = {r.dst: r.nexthops for r in peer.routes}
+        peer_routes = {r.dst: r.nexthops for r in _routes(plan, peer)}
         my_address = i.address.split("/")[0]
         for prefix in data_prefixes:
             if not any(h.via == my_address for h in peer_routes.get(prefix, [])):
@@ -41,6 +42,21 @@ def feeders(plan: LabPlan, node: Node) -> dict[str, set[str]]:
                 if e != i.name:
                     out[e].add(i.name)
     return out
+
+
+_converged: dict[int, tuple[LabPlan, dict]] = {}
+
+
+def _routes(plan: LabPlan, node: Node) -> list:
+    """The node's routes: labctl's own, or for a node whose software routes it (FRR) the shortest
+    paths its routing converges to (lifecycle/convergence.py checks that it does)."""
+    if node.static_routes:
+        return node.routes
+    held = _converged.get(id(plan))
+    if held is None or held[0] is not plan:
+        from labctl.plan.routing import expected_routes
+        held = _converged[id(plan)] = (plan, expected_routes(plan))
+    return held[1][node.name]
 
 
 def _egress(plan: LabPlan, prefix: str, connected: dict[int, str], routes: dict[str, list[str]]) -> list[str]:

@@ -68,6 +68,7 @@ class Container:
     cmd: list[str] | None
     env: dict[str, str]
     binds: list[str]     # host:container[:ro], host paths absolute
+    files: list[dict] = field(default_factory=list)   # {path, text}: written to the lab directory, bound read-only
 
 
 @dataclass

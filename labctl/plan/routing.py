@@ -105,7 +105,15 @@ def add_routes(nodes: dict[str, model.Node], links: list[model.Link], fabrics: d
 
 
 def routes_without(plan: model.LabPlan, down: set[int]) -> dict[str, list[model.Route]]:
-    """Every node's routes as if the links in `down` were cut (what a routing protocol converges to)."""
+    """Every node's static routes as if the links in `down` were cut (none on a node that routes
+    for itself: its software converges on its own)."""
+    out = expected_routes(plan, down)
+    return {n.name: (out[n.name] if n.static_routes else []) for n in plan.nodes}
+
+
+def expected_routes(plan: model.LabPlan, down: set[int] = frozenset()) -> dict[str, list[model.Route]]:
+    """Every node's shortest-path ECMP routes with the links in `down` cut: what labctl installs,
+    and what a routing protocol on the same fabric must converge to."""
     nodes = {n.name: copy.copy(n) for n in plan.nodes}
     for n in nodes.values():
         n.routes = []

@@ -13,6 +13,7 @@ from pathlib import Path
 from labctl.errors import InputError
 from labctl.plan import model
 from labctl.topology.schema import Node
+from labctl.topology.templates import render_file
 from labctl.topology.yamlpos import SourceMap
 
 BIND_MODES = ("ro", "rw")
@@ -40,7 +41,7 @@ def exec_lines(name: str, node: Node, smap: SourceMap) -> list[list[str]]:
 
 def container(lab: str, name: str, node: Node, lab_file: Path, smap: SourceMap) -> model.Container | None:
     if node.image is None:
-        for key in ("cmd", "env", "binds"):
+        for key in ("cmd", "env", "binds", "files"):
             if getattr(node, key):
                 raise InputError(smap.where(("nodes", name, key)), f"node {name!r} has {key}: but no image:",
                                  f"{key}: configures a container: add `image:` (e.g. labctl/host, see "
@@ -51,6 +52,36 @@ def container(lab: str, name: str, node: Node, lab_file: Path, smap: SourceMap) 
         cmd = argv(cmd, smap, ("nodes", name, "cmd"))
     binds = [_bind(text, lab_file, smap, ("nodes", name, "binds", i)) for i, text in enumerate(node.binds)]
     return model.Container(container_name(lab, name), node.image, cmd, dict(node.env), binds)
+
+
+def files(b) -> None:
+    """The compile pass that renders each container node's files (after routes: the templates see
+    the node as planned, with its addresses and peers)."""
+    t = b.topo
+    root = b.loaded.template_root or b.loaded.file.resolve().parent
+    for name, spec in t.nodes.items():
+        node = b.nodes[name]
+        for path, source in spec.files.items():
+            where = b.smap.where(("nodes", name, "files", path))
+            if ".." in path.split("/"):
+                raise InputError(where, f"{path!r} is not a plain path", "write an absolute path without '..'")
+            if isinstance(source, str):
+                text = source
+            else:
+                text = render_file(root, source.template, {"node": node_view(b, node), "lab": t.name,
+                                                           "dilation": t.dilation, **source.vars}, where)
+            node.container.files.append({"path": path, "text": text})
+
+
+def node_view(b, node: model.Node) -> dict:
+    """What a node file template sees of its node."""
+    def port(i: model.Interface) -> dict:
+        peer = b.nodes[i.peer_node]
+        return {"name": i.name, "address": i.address, "ip": i.address.split("/")[0], "peer": i.peer_node,
+                "peer_ip": i.peer_address, "peer_kind": peer.kind, "peer_switch": peer.forwarding,
+                "fabric": i.fabric}
+    return {"name": node.name, "kind": node.kind, "fabric": node.fabric, "loopback": node.loopback or "",
+            "loopback_ip": (node.loopback or "").split("/")[0], "interfaces": [port(i) for i in node.interfaces]}
 
 
 def _bind(text: str, lab_file: Path, smap: SourceMap, key: tuple) -> str:

@@ -28,6 +28,7 @@ class Loaded:
     text: str          # that text
     file: Path
     template: str | None = None
+    template_root: Path | None = None   # the tree the lab's template came from (node file templates live there)
 
 
 def parse_sets(sets: tuple[str, ...] | list[str]) -> dict:
@@ -47,12 +48,13 @@ def parse_sets(sets: tuple[str, ...] | list[str]) -> dict:
 
 def render_topology(file: str | Path, sets=(), template_dirs=()) -> tuple[str, SourceMap, str | None]:
     """The full lab YAML text: the file itself, or what its template renders to."""
-    text, smap, template, _ = _render(file, sets, template_dirs)
+    text, smap, template, _, _ = _render(file, sets, template_dirs)
     return text, smap, template
 
 
 def _render(file: str | Path, sets=(), template_dirs=()):
-    """(text, its source map, template name or None, the parsed data), parsing each text once."""
+    """(text, its source map, template name or None, the parsed data, the template's tree or None),
+    parsing each text once."""
     path = Path(file)
     text, data, smap = load_yaml_file(path, "lab file", "name:, nodes:, links:", "topologies/leaf-spine.yml")
     overrides = parse_sets(sets)
@@ -65,7 +67,7 @@ def _render(file: str | Path, sets=(), template_dirs=()):
                 _set_dotted(data, key, value)
             text = yaml.safe_dump(data, sort_keys=False)
             data, smap = load_yaml(text, f"{path} (with --set)")
-        return text, smap, None, data
+        return text, smap, None, data, None
 
     for key in data:
         if key not in TEMPLATE_LAB_KEYS:
@@ -103,7 +105,7 @@ def _render(file: str | Path, sets=(), template_dirs=()):
     rdata, rmap = load_yaml(rendered, origin)
     if isinstance(rdata, dict) and data.get("description"):
         rdata["description"] = data["description"]
-    return rendered, rmap, name, rdata
+    return rendered, rmap, name, rdata, template.directory.parent
 
 
 def _set_dotted(data: dict, key: str, value) -> None:
@@ -117,8 +119,10 @@ def _set_dotted(data: dict, key: str, value) -> None:
 
 
 def load_topology(file: str | Path, sets=(), template_dirs=(), name: str | None = None) -> Loaded:
-    text, smap, template, data = _render(file, sets, template_dirs)
-    return _validated(data, smap, text, Path(file), template, name)
+    text, smap, template, data, root = _render(file, sets, template_dirs)
+    loaded = _validated(data, smap, text, Path(file), template, name)
+    loaded.template_root = root
+    return loaded
 
 
 def load_topology_text(text: str, origin: str, name: str | None = None) -> Loaded:

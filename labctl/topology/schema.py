@@ -101,6 +101,13 @@ class Fabric(Strict):
         return net
 
 
+class NodeFile(Strict):
+    template: str = Field(description="a Jinja template rendered with this node as planned (node.name, "
+                                      "node.loopback, node.interfaces...), e.g. lib/frr/bgp.conf.j2: a path in the "
+                                      "lab's template tree, or next to the lab file")
+    vars: dict[Name, str | int | float | bool] = Field(default_factory=dict, description="more variables for it")
+
+
 class Node(Strict):
     kind: Literal[NODE_KINDS] = Field(description="one of " + ", ".join(NODE_KINDS))
     fabric: Name | None = Field(None, description="the fabric a switch or router belongs to")
@@ -118,6 +125,9 @@ class Node(Strict):
         default_factory=dict, description="environment variables of the container, NAME: value")
     binds: list[str] = Field(default_factory=list, description="host:container[:ro] bind mounts of the "
                                                                "container (host paths relative to the lab file)")
+    files: dict[Annotated[str, Field(pattern=r"^/[A-Za-z0-9._/-]+$", max_length=256)], str | NodeFile] = Field(
+        default_factory=dict, description="files put into the container, read-only: /path: text, or "
+                                          "/path: {template: ..., vars: {...}} rendered from the plan")
     exec: list[str] = Field(default_factory=list, description="commands run in the node once its links exist, "
                                                              "in order (split as a shell would; no shell runs them)")
     routes: Literal["static", "none"] = Field("static", description="static: labctl installs shortest-path ECMP "

@@ -203,11 +203,10 @@ def _check_not_writable_by_others(tpl: Template, where: Where) -> None:
                              f"chmod go-w {p}")
 
 
-def render(tpl: Template, variables: dict, path: list[Path], where: Where) -> str:
-    _check_not_writable_by_others(tpl, where)
+def _environment(root: Path) -> jinja2.Environment:
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(
         # only the tree the template came from: its own lib/ macros, never another directory's
-        loader=jinja2.FileSystemLoader(str(tpl.directory.parent)),
+        loader=jinja2.FileSystemLoader(str(root)),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
@@ -217,6 +216,33 @@ def render(tpl: Template, variables: dict, path: list[Path], where: Where) -> st
     )
     env.globals["fail"] = _fail
     env.filters["rate"] = parse_rate
+    return env
+
+
+def render_file(root: Path, relpath: str, variables: dict, where: Where) -> str:
+    """A node's file (an FRR configuration) from a template under `root`, in the same sandbox,
+    given the node as the plan made it."""
+    if relpath.startswith("/") or ".." in Path(relpath).parts:
+        raise InputError(where, f"{relpath!r} is not a path inside the template tree",
+                         "name it relative to the tree, e.g. lib/frr/bgp.conf.j2")
+    try:
+        return _environment(root).get_template(relpath).render(**variables)
+    except jinja2.TemplateNotFound:
+        raise InputError(where, f"there is no template {relpath!r} under {root}",
+                         "check the name (relative to the lab's template tree, or to the lab file)") from None
+    except jinja2.sandbox.SecurityError as exc:
+        raise InputError(where, f"{relpath} tried something the sandbox forbids: {exc}", "remove the expression") from None
+    except jinja2.UndefinedError as exc:
+        raise InputError(where, f"{relpath} uses an undefined variable: {exc.message}",
+                         "give it under vars:, or use what the node provides (node.name, node.interfaces, ...)") from None
+    except jinja2.TemplateError as exc:
+        raise InputError(Where(str(root / relpath), getattr(exc, "lineno", None)), f"template error: {exc}",
+                         "fix the template") from None
+
+
+def render(tpl: Template, variables: dict, path: list[Path], where: Where) -> str:
+    _check_not_writable_by_others(tpl, where)
+    env = _environment(tpl.directory.parent)
     try:
         return env.get_template(f"{tpl.name}/{TEMPLATE_FILE}").render(**variables)
     except jinja2.sandbox.SecurityError as exc:
