@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import lab_namespaces
+from netutil import wait_for
 from labctl import lifecycle as labmod
 from labctl.lifecycle import convergence
 from labctl.traffic.run import run_workload
@@ -25,6 +26,7 @@ pytestmark = pytest.mark.netns
 # then cross one spine and reach every leaf: 1 s of lab time is three BFD budgets on 2 busy cores
 CUT_BUDGET_S = 1.0
 SPORTS = range(49152, 49168)
+BFD_UP_S = 10
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +68,11 @@ def test_every_switch_has_its_sessions_established(bgp_lab):
         peers = vtysh_json(plan, lab, n.name, "show bgp summary json")["ipv4Unicast"]["peers"]
         wanted = {i.peer_address for i in n.interfaces if plan.node(i.peer_node).kind == "switch"}
         assert set(peers) == wanted and all(p["state"] == "Established" for p in peers.values()), (n.name, peers)
-        bfd = vtysh_json(plan, lab, n.name, "show bfd peers json")
-        assert {p["peer"] for p in bfd if p["status"] == "up"} == wanted, (n.name, bfd)
+        # BFD comes up a little after the BGP sessions it protects (the routes need only BGP): within a
+        # few of its 100 ms intervals, so up to BFD_UP_S
+        up = lambda: {p["peer"] for p in vtysh_json(plan, lab, n.name, "show bfd peers json")  # noqa: E731
+                      if p["status"] == "up"}
+        assert wait_for(lambda: up() == wanted, timeout=BFD_UP_S, step=0.1), (n.name, up())
 
 
 def test_pingall_and_ecmp_across_both_spines(bgp_lab):

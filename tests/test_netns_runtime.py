@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,10 @@ def test_link_down_reconverges_and_link_up_restores(built_lab, lab_name):
     labmod.set_link_state(lab, plan, plan.node("leaf1"), "spine1", up=True)
     assert spines_used(plan, "srv2-gpu1", "srv1-gpu0") == {"spine1", "spine2"}
     assert labmod.pingall(plan) == (80, [])
+    # the controller's PFC socket on the port that went down said ENETDOWN once: it must live on
+    time.sleep(0.5)
+    controller = next(h for h in labmod.helpers(lab) if h["helper"] == "controller")
+    assert controller["running"], controller
 
 
 def test_tc_set_rate_changes_the_measured_throughput(built_lab):
