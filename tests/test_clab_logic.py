@@ -90,7 +90,8 @@ def test_bad_containerlab_input_names_the_line_and_key(tmp_path, text, message):
     assert message in str(exc.value) and str(f) in str(exc.value), str(exc.value)
 
 
-@pytest.mark.parametrize("topology", ["leaf-spine.yml", "scale-across.yml", "ai-cluster.yml", "frontend.yml"])
+@pytest.mark.parametrize("topology", ["leaf-spine.yml", "leaf-spine-bgp.yml", "scale-across.yml", "ai-cluster.yml",
+                                      "frontend.yml"])
 def test_export_is_valid_containerlab_and_says_what_it_leaves_out(topology):
     plan = plan_of(ROOT / "topologies" / topology)
     text = exports.export(plan, "clab")

@@ -18,6 +18,7 @@ import yaml
 
 from labctl.errors import LabError
 from labctl.plan.model import Interface, LabPlan, Node
+from labctl.plan.routing import converged_routes
 
 IMAGE = "labctl/host"
 SYSCTL_KEYS = ("forward", "rp_filter", "multipath", "disable_ipv6", "ignore_routes_with_linkdown")
@@ -34,12 +35,12 @@ def cannot_express(plan: LabPlan) -> list[str]:
                    + ": add `containerlab tools netem set` by hand")
     if plan.dilation != 1:
         out.append(f"time dilation {plan.dilation:g}: the links run at the lab rates (real rate / dilation) as they are")
-    if any(n.container and n.container.image != IMAGE for n in plan.nodes):
+    if any(n.container and n.container.image != IMAGE and n.static_routes for n in plan.nodes):
         out.append("nodes' own images, cmd, env and binds are kept as given; check them for containerlab")
     own = [n.name for n in plan.nodes if not n.static_routes and n.numbered]
     if own:
-        out.append(f"the routing software of {', '.join(own[:4])}{' ...' if len(own) > 4 else ''} (FRR, with its "
-                   "files): left out, so those nodes have no routes here")
+        out.append(f"the routing software of {', '.join(own[:4])}{' ...' if len(own) > 4 else ''} (FRR, its files "
+                   "and exec lines): replaced by the static ECMP routes it converges to")
     return out
 
 
@@ -49,7 +50,8 @@ def export(plan: LabPlan, strict: bool = False) -> str:
         raise LabError(f"containerlab cannot express all of lab {plan.lab!r}: {missing[0]}"
                        + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""),
                        "export without --strict (the file's header lists what is left out)")
-    nodes = {n.name: _node(plan, n) for n in plan.nodes}
+    routes = converged_routes(plan)
+    nodes = {n.name: _node(plan, n, routes[n.name]) for n in plan.nodes}
     links = [{"endpoints": [lk.a, lk.b]} for lk in plan.links]
     doc = {"name": plan.lab, "topology": {"nodes": nodes, "links": links}}
     header = [f"# lab {plan.lab!r}, exported by `labctl export --format clab`.",
@@ -61,14 +63,16 @@ def export(plan: LabPlan, strict: bool = False) -> str:
     return "\n".join(header) + "\n" + yaml.safe_dump(doc, sort_keys=False, width=1000)
 
 
-def _node(plan: LabPlan, n: Node) -> dict:
-    node: dict = {"kind": "linux", "image": n.container.image if n.container else IMAGE}
-    if n.container and n.container.cmd:
-        node["cmd"] = " ".join(n.container.cmd)
-    if n.container and n.container.env:
-        node["env"] = dict(n.container.env)
-    if n.container and n.container.binds:
-        node["binds"] = list(n.container.binds)
+def _node(plan: LabPlan, n: Node, routes: list) -> dict:
+    own_routing = not n.static_routes and n.numbered     # FRR: exported as the static routes it converges to
+    box = n.container if not own_routing else None
+    node: dict = {"kind": "linux", "image": box.image if box else IMAGE}
+    if box and box.cmd:
+        node["cmd"] = " ".join(box.cmd)
+    if box and box.env:
+        node["env"] = dict(box.env)
+    if box and box.binds:
+        node["binds"] = list(box.binds)
     lines = [f"sysctl -qew {k}={v}" for k, v in n.sysctls.items() if any(s in k for s in SYSCTL_KEYS)]
     for i in n.interfaces:
         lines.append(f"ip link set dev {i.name} mtu {i.mtu}")
@@ -79,7 +83,7 @@ def _node(plan: LabPlan, n: Node) -> dict:
     lines += [f"ip address add {i.address} dev {i.name}" for i in n.interfaces if i.address]
     if n.loopback:
         lines.append(f"ip address add {n.loopback} dev lo")
-    for r in n.routes:
+    for r in routes:
         if len(r.nexthops) == 1:
             h = r.nexthops[0]
             lines.append(f"ip route add {r.dst} via {h.via} dev {h.dev}")
@@ -88,7 +92,7 @@ def _node(plan: LabPlan, n: Node) -> dict:
                                                            for h in r.nexthops))
     for i in n.interfaces:
         lines += _shaping(i)
-    lines += [shlex.join(argv) for argv in n.exec]
+    lines += [] if own_routing else [shlex.join(argv) for argv in n.exec]
     node["exec"] = lines
     return node
 

@@ -11,6 +11,7 @@ import pprint
 
 from labctl.kinds import fabric_kind, node_kind
 from labctl.plan.model import LabPlan
+from labctl.plan.routing import converged_routes
 
 MININET_BW_MAX = 1000      # Mbit/s: TCLink refuses more
 
@@ -31,17 +32,18 @@ def cannot_express(plan: LabPlan) -> list[str]:
         out.append("NVLink's credit-based flow control (the scale-up fabric is lossy here)")
     own = [n.name for n in plan.nodes if not n.static_routes and n.numbered]
     if own:
-        out.append(f"the routing software of {', '.join(own[:4])}{' ...' if len(own) > 4 else ''} (FRR, with its "
-                   "files): left out, so those nodes have no routes here")
+        out.append(f"the routing software of {', '.join(own[:4])}{' ...' if len(own) > 4 else ''} (FRR, its files "
+                   "and exec lines): replaced by the static ECMP routes it converges to")
     return out
 
 
 def export(plan: LabPlan) -> str:
+    routes = converged_routes(plan)
     nodes = [{"name": n.name, "kind": n.kind, "forwards": n.forwarding, "bridge": n.bridged,
               "sysctls": {k: v for k, v in n.sysctls.items() if "multipath" in k or "forward" in k
                           or "rp_filter" in k or "ipv6" in k},
               "loopback": n.loopback,
-              "routes": [[r.dst, [[h.via, h.dev, h.weight] for h in r.nexthops]] for r in n.routes]}
+              "routes": [[r.dst, [[h.via, h.dev, h.weight] for h in r.nexthops]] for r in routes[n.name]]}
              for n in plan.nodes]
     links = []
     for lk in plan.links:

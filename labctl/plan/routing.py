@@ -170,3 +170,17 @@ def _segment_adjacency(seg: model.Segment, nodes, adj, prefixes, down) -> None:
     owners = {n.name for n, _ in ports}
     if seg.subnet:
         prefixes[seg.subnet] = {o for o in owners if nodes[o].forwarding} or owners
+
+
+def converged_routes(plan: model.LabPlan) -> dict[str, list[model.Route]]:
+    """What each node routes by: labctl's static routes, or, for a node whose software routes it
+    (FRR), the shortest paths that software converges to (what an export writes for it)."""
+    expected = None
+    out = {}
+    for n in plan.nodes:
+        if n.static_routes or not n.numbered:
+            out[n.name] = n.routes
+        else:
+            expected = expected or expected_routes(plan)
+            out[n.name] = expected[n.name]
+    return out
