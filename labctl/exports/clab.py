@@ -17,6 +17,7 @@ import shlex
 import yaml
 
 from labctl.errors import LabError
+from labctl.exports import notes
 from labctl.plan.model import Interface, LabPlan, Node
 from labctl.plan.routing import converged_routes
 
@@ -37,10 +38,7 @@ def cannot_express(plan: LabPlan) -> list[str]:
         out.append(f"time dilation {plan.dilation:g}: the links run at the lab rates (real rate / dilation) as they are")
     if any(n.container and n.container.image != IMAGE and n.static_routes for n in plan.nodes):
         out.append("nodes' own images, cmd, env and binds are kept as given; check them for containerlab")
-    own = [n.name for n in plan.nodes if not n.static_routes and n.numbered]
-    if own:
-        out.append(f"the routing software of {', '.join(own[:4])}{' ...' if len(own) > 4 else ''} (FRR, its files "
-                   "and exec lines): replaced by the static ECMP routes it converges to")
+    out += notes.own_routing(plan)
     return out
 
 

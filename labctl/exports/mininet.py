@@ -10,6 +10,7 @@ from __future__ import annotations
 import pprint
 
 from labctl.kinds import fabric_kind, node_kind
+from labctl.exports import notes
 from labctl.plan.model import LabPlan
 from labctl.plan.routing import converged_routes
 
@@ -30,10 +31,7 @@ def cannot_express(plan: LabPlan) -> list[str]:
         out.append("ESP encryption of WAN links: left out")
     if any(fabric_kind(f.kind).credit_based for f in plan.fabrics.values()):
         out.append("NVLink's credit-based flow control (the scale-up fabric is lossy here)")
-    own = [n.name for n in plan.nodes if not n.static_routes and n.numbered]
-    if own:
-        out.append(f"the routing software of {', '.join(own[:4])}{' ...' if len(own) > 4 else ''} (FRR, its files "
-                   "and exec lines): replaced by the static ECMP routes it converges to")
+    out += notes.own_routing(plan)
     return out
 
 
