@@ -25,7 +25,7 @@ LAYERS = [
     {"dataplane", "wan"},
     {"traffic"},
     {"lifecycle"},
-    {"experiment", "exports"},
+    {"experiment", "exports", "estimate"},
     {"doctor", "cli", "api", "__main__", "__init__"},
 ]
 LAYER_OF = {name: k for k, names in enumerate(LAYERS) for name in names}

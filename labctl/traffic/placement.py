@@ -31,6 +31,22 @@ def ring_hops(plan: LabPlan, trace, order: list[int] | None = None) -> list[dict
     return out
 
 
+def fabric_paths(plan: LabPlan, trace, pairs: set[tuple[int, int]], qps: int, sport_policy: str) -> list[dict]:
+    """For each (src rank, dst rank) pair of a schedule and each QP, the spine the kernel sends it
+    through, if any: what `labctl estimate` uses to predict this very run rather than a draw."""
+    ranks = gpu_ranks(plan)
+    spines = spine_names(plan)
+    out = []
+    for a, b in sorted(pairs):
+        _, dst = path_ports(plan, ranks[a], ranks[b])
+        for k in range(qps if sport_policy == "per-qp" else 1):
+            sport = roce.udp_sport(qpn(a, b, k), qpn(b, a, k)) if sport_policy == "per-qp" else 0xC000
+            for h in trace(plan, ranks[a].name, dst.address.split("/")[0], sport, roce.ROCE_PORT):
+                if h["node"] in spines:
+                    out.append({"src": a, "dst": b, "qp": k, "sport": sport, "spine": h["node"]})
+    return out
+
+
 def ring_spines(plan: LabPlan, trace) -> list[str]:
     return [h["spine"] for h in ring_hops(plan, trace)]
 

@@ -153,6 +153,7 @@ def dcqcn_params(o) -> Params:
 
 
 RINGS = ("all_reduce", "reduce_scatter", "all_gather")
+MAX_TRACED_FLOWS = 1024     # a trace asks every hop's kernel: about 3 ms a flow
 
 
 def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Path, progress=None,
@@ -218,6 +219,10 @@ def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Pa
             and w.options.sport == "per-qp":
         hops = placement.ring_hops(plan, trace, ranks)
         doc["ring_placement"] = {"hops": hops, "note": placement.collision_note(hops)}
+    if trace is not None and w.collective in RINGS + ("hier_all_reduce",) and w.options.channels == 1 \
+            and w.options.sport != "random" and w.options.qps * len(ranks) <= MAX_TRACED_FLOWS:
+        pairs = {(t.src, t.dst) for op in ops[:1] for t in op.schedule.transfers}
+        doc["fabric_paths"] = placement.fabric_paths(plan, trace, pairs, w.options.qps, w.options.sport)
     (out_dir / "results.json").write_text(json.dumps(doc, indent=1))
     return doc
 
