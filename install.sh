@@ -52,8 +52,16 @@ if [ ! -x "$here/.venv/bin/python" ]; then
   say "creating virtualenv $here/.venv"
   "$python" -m venv "$here/.venv"
 fi
-say "installing labctl into $here/.venv"
-"$here/.venv/bin/python" -m pip install -q --disable-pip-version-check -e "$here[test]"
+# the box vm/build-box.sh makes carries a wheelhouse, so a guest that reaches no registry installs too
+wheels=${LABCTL_WHEELS:-/opt/labctl/wheels}
+pip_from=()
+if [ -d "$wheels" ]; then
+  pip_from=(--no-index --find-links "$wheels")
+  say "installing labctl into $here/.venv from the wheelhouse $wheels"
+else
+  say "installing labctl into $here/.venv"
+fi
+"$here/.venv/bin/python" -m pip install -q --disable-pip-version-check "${pip_from[@]}" -e "$here[test]"
 ln -sf "$here/.venv/bin/labctl" /usr/local/bin/labctl
 say "labctl $("$here/.venv/bin/labctl" --version | awk '{print $NF}') installed as /usr/local/bin/labctl"
 

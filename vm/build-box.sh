@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# Build a Debian 12 Vagrant box for the libvirt provider from Debian packages alone (no Vagrant
+# Cloud), with labctl's system packages installed and a wheelhouse of its Python dependencies, so
+# that provisioning works in a guest that reaches no registry. As root:
+#
+#   vm/build-box.sh [--cache DIR] [--force]     # then: vagrant box add labctl/debian12 DIR/<key>/labctl.box
+#
+# The box is keyed by a hash of this script, install.sh's package list and pyproject.toml: the same
+# inputs give the same key and the build is skipped (idempotent). The last line printed is the box.
+# The kernel boots directly (libvirt's kernel/initrd, shipped inside the box): the image has no
+# bootloader, and needs no loop device to build (mkfs.ext4 -d).
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+cache=${LABCTL_VM_CACHE:-/var/cache/labctl/vm}
+force=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --cache) cache=$2; shift 2 ;;
+    --force) force=1; shift ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    *) echo "build-box.sh: unknown option $1 (try --help)" >&2; exit 2 ;;
+  esac
+done
+[ "$(id -u)" -eq 0 ] || { echo "build-box.sh: run as root (debootstrap and chroot need it)" >&2; exit 1; }
+say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+
+# labctl's own system packages come from install.sh, so the box and a bare machine cannot drift apart
+mapfile -t labctl_pkgs < <(sed -n '/^packages=(/,/)/p' "$here/install.sh" | tr -d '()' | sed 's/packages=//' | tr ' ' '\n' | grep -v '^$')
+base_pkgs=(linux-image-amd64 systemd-sysv udev dbus openssh-server sudo kmod ifupdown isc-dhcp-client rsync
+           ca-certificates less)
+key=$( { cat "$0" "$here/pyproject.toml"; printf '%s\n' "${labctl_pkgs[@]}"; } | sha256sum | cut -c1-16)
+out="$cache/$key"
+box="$out/labctl.box"
+if [ -f "$box" ] && [ "$force" -eq 0 ]; then
+  say "box cached: $box"
+  echo "$box"
+  exit 0
+fi
+for tool in debootstrap qemu-img mkfs.ext4; do
+  command -v "$tool" >/dev/null || { echo "build-box.sh: $tool is missing (apt-get install debootstrap qemu-utils e2fsprogs)" >&2; exit 1; }
+done
+work=$(mktemp -d "$cache/build.XXXXXX" 2>/dev/null || { mkdir -p "$cache"; mktemp -d "$cache/build.XXXXXX"; })
+trap 'rm -rf "$work"' EXIT
+root="$work/rootfs"
+
+say "debootstrap Debian 12 with ${#labctl_pkgs[@]} labctl packages (a few minutes)"
+export DEBIAN_FRONTEND=noninteractive
+include=$(IFS=,; echo "${base_pkgs[*]},${labctl_pkgs[*]}")
+debootstrap --variant=minbase --include="$include" bookworm "$root" http://deb.debian.org/debian >"$work/debootstrap.log" 2>&1 \
+  || { tail -20 "$work/debootstrap.log" >&2; exit 1; }
+
+say "configure: vagrant user and key, sudo, DHCP, ssh, /usr/sbin on PATH"
+chroot "$root" useradd -m -s /bin/bash vagrant
+install -d -m 700 -o 1000 -g 1000 "$root/home/vagrant/.ssh"
+keyfile=$(ls /usr/share/rubygems-integration/all/gems/vagrant-*/keys/vagrant.pub 2>/dev/null | head -1)
+[ -n "$keyfile" ] || { echo "build-box.sh: Vagrant's insecure key is missing: apt-get install vagrant" >&2; exit 1; }
+install -m 600 -o 1000 -g 1000 "$keyfile" "$root/home/vagrant/.ssh/authorized_keys"
+echo 'vagrant ALL=(ALL) NOPASSWD:ALL' > "$root/etc/sudoers.d/vagrant"
+chmod 440 "$root/etc/sudoers.d/vagrant"
+echo 'PATH="$PATH:/usr/sbin:/sbin"' > "$root/etc/profile.d/sbin-path.sh"
+echo labctl > "$root/etc/hostname"
+printf '127.0.0.1 localhost\n127.0.1.1 labctl\n' > "$root/etc/hosts"
+echo '/dev/vda / ext4 defaults,errors=remount-ro 0 1' > "$root/etc/fstab"
+cat > "$root/etc/network/interfaces" <<'EOF'
+auto lo
+iface lo inet loopback
+allow-hotplug eth0
+iface eth0 inet dhcp
+EOF
+# predictable names off: the first NIC is eth0 whatever bus the hypervisor puts it on
+cmdline="console=ttyS0 root=/dev/vda rw net.ifnames=0 biosdevname=0"
+echo 'UseDNS no' >> "$root/etc/ssh/sshd_config"
+chroot "$root" systemctl enable ssh >/dev/null 2>&1 || true
+# docker and Open vSwitch stay off until labctl (or the user) starts them, as on the host
+chroot "$root" systemctl disable docker.service docker.socket containerd.service openvswitch-switch.service >/dev/null 2>&1 || true
+rm -f "$root/etc/ssh/ssh_host_"*
+cat > "$root/etc/systemd/system/ssh-hostkeys.service" <<'EOF'
+[Unit]
+Description=Generate SSH host keys on first boot
+Before=ssh.service
+ConditionPathExists=!/etc/ssh/ssh_host_ed25519_key
+[Service]
+Type=oneshot
+ExecStart=/usr/bin/ssh-keygen -A
+[Install]
+WantedBy=multi-user.target
+EOF
+chroot "$root" systemctl enable ssh-hostkeys.service >/dev/null 2>&1
+chroot "$root" apt-get clean
+
+say "wheelhouse: labctl's Python dependencies for the guest's Python 3.11"
+deps=$(python3 - "$here/pyproject.toml" <<'EOF'
+import sys, tomllib
+p = tomllib.load(open(sys.argv[1], "rb"))["project"]
+print("\n".join(p["dependencies"] + p["optional-dependencies"]["test"] + ["setuptools>=68", "wheel"]))
+EOF
+)
+mkdir -p "$root/opt/labctl/wheels"
+mapfile -t dep_list <<<"$deps"
+python3 -m pip download -q --disable-pip-version-check --only-binary=:all: --platform manylinux2014_x86_64 \
+  --platform manylinux_2_28_x86_64 --platform any --python-version 3.11 --implementation cp \
+  -d "$root/opt/labctl/wheels" "${dep_list[@]}"
+
+say "disk image, kernel and box"
+cp "$root"/boot/vmlinuz-* "$work/vmlinuz"
+cp "$root"/boot/initrd.img-* "$work/initrd.img"
+kernel=$(basename "$root"/boot/vmlinuz-* | sed 's/vmlinuz-//')
+truncate -s 20G "$work/disk.raw"
+mkfs.ext4 -q -F -L labctl -d "$root" "$work/disk.raw"
+rm -rf "$root"
+qemu-img convert -O qcow2 "$work/disk.raw" "$work/box.img"
+rm -f "$work/disk.raw"
+cat > "$work/metadata.json" <<'EOF'
+{"provider": "libvirt", "format": "qcow2", "virtual_size": 20}
+EOF
+cat > "$work/Vagrantfile" <<EOF
+# labctl/debian12 (vm/build-box.sh): kernel $kernel, booted directly by libvirt
+Vagrant.configure("2") do |config|
+  config.vm.provider "libvirt" do |lv|
+    lv.kernel = File.expand_path("vmlinuz", __dir__)
+    lv.initrd = File.expand_path("initrd.img", __dir__)
+    lv.cmd_line = "$cmdline"
+  end
+end
+EOF
+mkdir -p "$out"
+tar -C "$work" -cf "$box.part" metadata.json Vagrantfile box.img vmlinuz initrd.img
+mv "$box.part" "$box"
+say "box built: $box (kernel $kernel, $(du -h "$box" | cut -f1))"
+echo "$box"

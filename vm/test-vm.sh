@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# The VM tier: labctl inside a Vagrant VM (libvirt; KVM where it works, else TCG), on the guest's
+# own stock Debian kernel. As root:
+#
+#   vm/test-vm.sh            build or reuse the box, vagrant up, then in the guest: doctor, the
+#                            README's demo, experiments/incast-pfc.yml and ecmp-entropy.yml, and the
+#                            root test modules for sysctls, routing and shaping; then destroy
+#   vm/test-vm.sh --smoke    box, vagrant up, doctor, demo, destroy (what CI runs)
+#
+# Installs Vagrant, vagrant-libvirt, libvirt and QEMU if missing. libvirtd and virtlogd are started
+# here, in a network namespace of their own (their bridge, dnsmasq and NAT stay out of the host's),
+# with a qemu.conf bound over the host's in a private mount namespace (the host's file is untouched),
+# and stopped at the end with everything they made: no VM, volume, network or daemon is left.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+mode=full
+case "${1:-}" in
+  --smoke) mode=smoke ;;
+  "") ;;
+  -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+  *) echo "test-vm.sh: unknown option $1 (try --help)" >&2; exit 2 ;;
+esac
+[ "$(id -u)" -eq 0 ] || { echo "test-vm.sh: run as root (sudo $0)" >&2; exit 1; }
+say() { printf '\033[1m==> [vm %s] %s\033[0m\n' "$(date +%T)" "$*"; }
+t_start=$(date +%s)
+
+cache=${LABCTL_VM_CACHE:-/var/cache/labctl/vm}
+ns=labctl-vm
+run=$(mktemp -d /tmp/labctl-vm.XXXXXX)
+export VAGRANT_HOME="$cache/vagrant-home"
+export VAGRANT_DOTFILE_PATH="$run/dotfile"          # not .vagrant/ in the repository
+export VAGRANT_DEFAULT_PROVIDER=libvirt
+export VAGRANT_CHECKPOINT_DISABLE=1 VAGRANT_NO_PARALLEL=1
+export LABCTL_BOX=labctl/debian12
+export LABCTL_VM_NETWORK="labctl-vagrant=10.123.121.0/24"
+export VAGRANT_VAGRANTFILE="$here/Vagrantfile"
+mkdir -p "$cache" "$VAGRANT_HOME"
+
+packages=(vagrant vagrant-libvirt libvirt-daemon-system qemu-system-x86 qemu-utils dnsmasq-base rsync debootstrap
+          e2fsprogs)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  say "installing ${missing[*]}"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+in_ns() { ip netns exec "$ns" "$@"; }
+vg() { (cd "$here" && in_ns vagrant "$@"); }
+guest() { say "guest: $*"; vg ssh -c "$*"; }
+
+pools_before=$(virsh -c qemu:///system pool-list --all --name 2>/dev/null || true)
+cleanup() {
+  set +e
+  say "cleaning up"
+  if [ -S /run/libvirt/libvirt-sock ]; then
+    [ -d "$VAGRANT_DOTFILE_PATH" ] && vg destroy -f >/dev/null 2>&1
+    for dom in $(virsh -c qemu:///system list --all --name | grep '^labctl_' ); do
+      virsh -c qemu:///system destroy "$dom" >/dev/null 2>&1
+      virsh -c qemu:///system undefine "$dom" --remove-all-storage >/dev/null 2>&1
+    done
+    for net in labctl-vagrant; do
+      virsh -c qemu:///system net-destroy "$net" >/dev/null 2>&1
+      virsh -c qemu:///system net-undefine "$net" >/dev/null 2>&1
+    done
+    for pool in $(virsh -c qemu:///system pool-list --all --name); do
+      grep -qx "$pool" <<<"$pools_before" && continue     # a pool that was there before is not ours
+      for vol in $(virsh -c qemu:///system vol-list "$pool" | awk 'NR>2 && $1 ~ /^labctl/ {print $1}'); do
+        virsh -c qemu:///system vol-delete "$vol" --pool "$pool" >/dev/null 2>&1
+      done
+      virsh -c qemu:///system pool-destroy "$pool" >/dev/null 2>&1
+      virsh -c qemu:///system pool-undefine "$pool" >/dev/null 2>&1
+    done
+  fi
+  for d in libvirtd virtlogd; do
+    if [ -f "$run/$d.pid" ]; then
+      pid=$(cat "$run/$d.pid")
+      kill "$pid" 2>/dev/null
+      for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    fi
+  done
+  ip netns del "$ns" 2>/dev/null
+  rm -rf "$run"
+  left=$(pgrep -fa 'qemu-system|libvirtd|virtlogd' | grep -v pgrep || true)
+  [ -z "$left" ] && say "nothing left: no VM, daemon or namespace" || echo "test-vm.sh: left running: $left" >&2
+  say "total $(( $(date +%s) - t_start )) s"
+}
+trap cleanup EXIT
+
+if pgrep -x libvirtd >/dev/null; then
+  echo "test-vm.sh: a libvirtd is already running; this tier starts and stops its own" >&2
+  exit 1
+fi
+say "libvirtd and virtlogd in netns $ns (qemu runs as root here: no udev to hand /dev/kvm over)"
+ip netns add "$ns"
+in_ns ip link set lo up
+cp /etc/libvirt/qemu.conf "$run/qemu.conf"
+printf 'user = "root"\ngroup = "root"\nstdio_handler = "file"\n' >> "$run/qemu.conf"
+mkdir -p /run/libvirt /var/lib/libvirt/images
+in_ns virtlogd -d -p "$run/virtlogd.pid"
+in_ns unshare --mount --propagation private sh -c 'mount --bind "$1" /etc/libvirt/qemu.conf && exec libvirtd -d -p "$2"' \
+  sh "$run/qemu.conf" "$run/libvirtd.pid"
+for _ in $(seq 100); do [ -S /run/libvirt/libvirt-sock ] && break; sleep 0.1; done
+virsh -c qemu:///system version >/dev/null
+
+t=$(date +%s)
+box=$("$here/vm/build-box.sh" | tail -1)
+say "box ready in $(( $(date +%s) - t )) s: $box"
+if ! VAGRANT_HOME="$VAGRANT_HOME" vagrant box list 2>/dev/null | grep -q "^$LABCTL_BOX "; then
+  vagrant box add --force --name "$LABCTL_BOX" "$box" >/dev/null
+elif [ "$box" -nt "$VAGRANT_HOME/boxes/labctl-VAGRANTSLASH-debian12" ]; then
+  vagrant box add --force --name "$LABCTL_BOX" "$box" >/dev/null     # rebuilt: replace the added one
+fi
+
+t=$(date +%s)
+say "vagrant up (accel ${LABCTL_VM_ACCEL:-auto})"
+vg up --provider=libvirt
+say "vagrant up in $(( $(date +%s) - t )) s"
+
+guest 'uname -r; sudo labctl doctor'
+t=$(date +%s)
+guest 'cd /vagrant && sudo ./install.sh --demo'
+say "demo in $(( $(date +%s) - t )) s"
+if [ "$mode" = full ]; then
+  for e in incast-pfc ecmp-entropy; do
+    t=$(date +%s)
+    guest "cd /vagrant && sudo labctl run experiments/$e.yml --out /tmp/$e"
+    say "experiment $e in $(( $(date +%s) - t )) s"
+  done
+  t=$(date +%s)
+  guest 'cd /vagrant && sudo .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_netns_lab.py tests/test_netns_shaping.py tests/test_netns_estimate.py'
+  say "root test modules in $(( $(date +%s) - t )) s"
+fi
+t=$(date +%s)
+vg destroy -f
+say "destroy in $(( $(date +%s) - t )) s"
