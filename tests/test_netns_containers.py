@@ -103,6 +103,13 @@ def test_containerlab_corpus_comes_up_and_pings_after_its_exec_lines(docker_engi
         tried, failed = pingall_until(plan, CONVERGE_S)
         hosts = [n for n in plan.nodes if not n.bridged]
         assert tried >= len(hosts) * (len(hosts) - 1) and failed == [], failed
+        if path.stem == "routed":
+            h1 = plan.node("h1")
+            r = subprocess.run(labmod.backend_of(lab).exec_argv(h1, ["sh", "-c", "echo $LAB $HOSTNAME $PATH"]),
+                               capture_output=True, text=True, check=True)
+            lab_env, hostname, path_env = r.stdout.split()
+            assert (lab_env, hostname) == ("routed", "h1"), "exec gets the node's env: and hostname, as docker exec"
+            assert "/usr/bin" in path_env.split(":")
     finally:
         labmod.down(lab_name)
     assert_nothing_left(docker_engine, lab_name, pids)

@@ -99,7 +99,7 @@ mkdir -p "$root/opt/labctl/wheels"
 mapfile -t dep_list <<<"$deps"
 python3 -m pip download -q --disable-pip-version-check --only-binary=:all: --platform manylinux2014_x86_64 \
   --platform manylinux_2_28_x86_64 --platform any --python-version 3.11 --implementation cp \
-  -d "$root/opt/labctl/wheels" "${dep_list[@]}"
+  -d "$root/opt/labctl/wheels" "${dep_list[@]}" 2> >(grep -v "is ignored: it is neither" >&2)
 
 say "disk image, kernel and box"
 cp "$root"/boot/vmlinuz-* "$work/vmlinuz"

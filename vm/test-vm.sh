@@ -51,27 +51,29 @@ in_ns() { ip netns exec "$ns" "$@"; }
 vg() { (cd "$here" && in_ns vagrant "$@"); }
 guest() { say "guest: $*"; vg ssh -c "$*"; }
 
-pools_before=$(virsh -c qemu:///system pool-list --all --name 2>/dev/null || true)
+pools_before=""
+virsh_() { virsh -c qemu:///system "$@"; }
 cleanup() {
   set +e
   say "cleaning up"
-  if [ -S /run/libvirt/libvirt-sock ]; then
+  if [ -S /run/libvirt/libvirt-sock ] && [ -f "$run/libvirtd.pid" ]; then
     [ -d "$VAGRANT_DOTFILE_PATH" ] && vg destroy -f >/dev/null 2>&1
-    for dom in $(virsh -c qemu:///system list --all --name | grep '^labctl_' ); do
-      virsh -c qemu:///system destroy "$dom" >/dev/null 2>&1
-      virsh -c qemu:///system undefine "$dom" --remove-all-storage >/dev/null 2>&1
+    for dom in $(virsh_ list --all --name | grep '^labctl_'); do
+      virsh_ destroy "$dom" >/dev/null 2>&1
+      virsh_ undefine "$dom" --remove-all-storage >/dev/null 2>&1
     done
-    for net in labctl-vagrant; do
-      virsh -c qemu:///system net-destroy "$net" >/dev/null 2>&1
-      virsh -c qemu:///system net-undefine "$net" >/dev/null 2>&1
-    done
-    for pool in $(virsh -c qemu:///system pool-list --all --name); do
-      grep -qx "$pool" <<<"$pools_before" && continue     # a pool that was there before is not ours
-      for vol in $(virsh -c qemu:///system vol-list "$pool" | awk 'NR>2 && $1 ~ /^labctl/ {print $1}'); do
-        virsh -c qemu:///system vol-delete "$vol" --pool "$pool" >/dev/null 2>&1
+    # every active network was started by this daemon (none ran before it): stop them all, so no
+    # dnsmasq outlives it, but remove only the definition vagrant-libvirt made for this tier
+    for net in $(virsh_ net-list --name); do virsh_ net-destroy "$net" >/dev/null 2>&1; done
+    virsh_ net-undefine labctl-vagrant >/dev/null 2>&1
+    for pool in $(virsh_ pool-list --all --name); do
+      # the box's volume (labctl-VAGRANTSLASH-...) and the VM's disk (labctl_default.img) are ours
+      for vol in $(virsh_ vol-list "$pool" 2>/dev/null | awk 'NR>2 && $1 ~ /^labctl/ {print $1}'); do
+        virsh_ vol-delete "$vol" --pool "$pool" >/dev/null 2>&1
       done
-      virsh -c qemu:///system pool-destroy "$pool" >/dev/null 2>&1
-      virsh -c qemu:///system pool-undefine "$pool" >/dev/null 2>&1
+      grep -qx "$pool" <<<"$pools_before" && continue     # a pool that was there before is not ours
+      virsh_ pool-destroy "$pool" >/dev/null 2>&1
+      virsh_ pool-undefine "$pool" >/dev/null 2>&1
     done
   fi
   for d in libvirtd virtlogd; do
@@ -81,9 +83,9 @@ cleanup() {
       for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     fi
   done
-  ip netns del "$ns" 2>/dev/null
+  [ -n "${made_ns:-}" ] && ip netns del "$ns" 2>/dev/null
   rm -rf "$run"
-  left=$(pgrep -fa 'qemu-system|libvirtd|virtlogd' | grep -v pgrep || true)
+  left=$(pgrep -fa 'qemu-system|libvirtd|virtlogd|dnsmasq.*libvirt' | grep -v pgrep || true)
   [ -z "$left" ] && say "nothing left: no VM, daemon or namespace" || echo "test-vm.sh: left running: $left" >&2
   say "total $(( $(date +%s) - t_start )) s"
 }
@@ -94,7 +96,11 @@ if pgrep -x libvirtd >/dev/null; then
   exit 1
 fi
 say "libvirtd and virtlogd in netns $ns (qemu runs as root here: no udev to hand /dev/kvm over)"
-ip netns add "$ns"
+if [ -e "/run/netns/$ns" ]; then
+  echo "test-vm.sh: netns $ns exists (another run, or one that was killed: ip netns del $ns)" >&2
+  exit 1
+fi
+ip netns add "$ns" && made_ns=1
 in_ns ip link set lo up
 cp /etc/libvirt/qemu.conf "$run/qemu.conf"
 printf 'user = "root"\ngroup = "root"\nstdio_handler = "file"\n' >> "$run/qemu.conf"
@@ -103,7 +109,8 @@ in_ns virtlogd -d -p "$run/virtlogd.pid"
 in_ns unshare --mount --propagation private sh -c 'mount --bind "$1" /etc/libvirt/qemu.conf && exec libvirtd -d -p "$2"' \
   sh "$run/qemu.conf" "$run/libvirtd.pid"
 for _ in $(seq 100); do [ -S /run/libvirt/libvirt-sock ] && break; sleep 0.1; done
-virsh -c qemu:///system version >/dev/null
+virsh_ version >/dev/null
+pools_before=$(virsh_ pool-list --all --name)
 
 t=$(date +%s)
 box=$("$here/vm/build-box.sh" | tail -1)
@@ -116,10 +123,11 @@ fi
 
 t=$(date +%s)
 say "vagrant up (accel ${LABCTL_VM_ACCEL:-auto})"
-vg up --provider=libvirt
+# vagrant-libvirt redraws its upload progress thousands of times on one line: keep the log readable
+vg up --provider=libvirt | sed -u 's/\x1b\[KProgress: [0-9]*%//g'
 say "vagrant up in $(( $(date +%s) - t )) s"
 
-guest 'uname -r; sudo labctl doctor'
+guest 'echo "guest kernel: $(uname -r)"; sudo COLUMNS=150 labctl doctor'
 t=$(date +%s)
 guest 'cd /vagrant && sudo ./install.sh --demo'
 say "demo in $(( $(date +%s) - t )) s"

@@ -87,29 +87,32 @@ class NetnsBackend(Backend):
                 docker_client.close()
 
     def _create_links(self, plan: LabPlan, handles: dict[str, "_NsHandles"], progress: Progress) -> None:
-        sock = rtnl.open_socket()
+        # The requests go through a lab namespace's socket, not the root namespace's: a kernel before
+        # 6.14 looks a fixed ifi_index up in the *sender's* namespace and answers EEXIST when a root
+        # device has it (the VM's eth0 is ifindex 2, our first port's), where a new kernel looks in
+        # the target. A lab namespace holds only lo and lab ports, whose indexes are unique in the lab.
+        if not plan.links:
+            return
+        sock = next(iter(handles.values())).nl
+        batch = rtnl.Batch(sock)
+        ns_fds = {name: h.ns_fd for name, h in handles.items()}
+        for link in plan.links:
+            if link.wire is not None:
+                for request, what in wires.veths(plan, link, ns_fds, ns_fds):
+                    batch.add(request, f"creating {what}")
+                continue
+            a_node, a_if = link.a.split(":")
+            b_node, b_if = link.b.split(":")
+            a = plan.node(a_node).iface(a_if)
+            b = plan.node(b_node).iface(b_if)
+            batch.add(rtnl.veth(a.name, a.index, a.mac, a.mtu, handles[a_node].ns_fd,
+                                b.name, b.index, b.mac, b.mtu, handles[b_node].ns_fd),
+                      f"creating link {link.a} -- {link.b}")
         try:
-            batch = rtnl.Batch(sock)
-            ns_fds = {name: h.ns_fd for name, h in handles.items()}
-            for link in plan.links:
-                if link.wire is not None:
-                    for request, what in wires.veths(plan, link, ns_fds, ns_fds):
-                        batch.add(request, f"creating {what}")
-                    continue
-                a_node, a_if = link.a.split(":")
-                b_node, b_if = link.b.split(":")
-                a = plan.node(a_node).iface(a_if)
-                b = plan.node(b_node).iface(b_if)
-                batch.add(rtnl.veth(a.name, a.index, a.mac, a.mtu, handles[a_node].ns_fd,
-                                    b.name, b.index, b.mac, b.mtu, handles[b_node].ns_fd),
-                          f"creating link {link.a} -- {link.b}")
-            try:
-                batch.commit()
-            except rtnl.NetlinkError as exc:
-                raise LabError(f"{exc.what} failed: {os.strerror(exc.code)}") from None
-            progress("links", len(plan.links), len(plan.links))
-        finally:
-            sock.close()
+            batch.commit()
+        except rtnl.NetlinkError as exc:
+            raise LabError(f"{exc.what} failed: {os.strerror(exc.code)}") from None
+        progress("links", len(plan.links), len(plan.links))
 
     def destroy(self, lab: LabDir, keep_record: bool = False) -> list[str]:
         """Remove everything the journal lists: processes in the lab's namespaces, then the namespaces."""

@@ -330,7 +330,7 @@ STATS_FIELDS = ("rx_packets", "tx_packets", "rx_bytes", "tx_bytes", "rx_errors",
 def link_dump(sock: socket.socket) -> dict[str, dict]:
     """ifname → {operstate, rx/tx packets, bytes, errors, dropped} for every link in the socket's namespace."""
     out = {}
-    for name, attrs in _link_attrs(sock):
+    for name, _index, attrs in _link_attrs(sock):
         info = {"operstate": attrs[IFLA_OPERSTATE][0] if IFLA_OPERSTATE in attrs else 0}
         if IFLA_STATS64 in attrs:
             info.update(zip(STATS_FIELDS, struct.unpack_from("8Q", attrs[IFLA_STATS64])))
@@ -340,26 +340,12 @@ def link_dump(sock: socket.socket) -> dict[str, dict]:
 
 def link_indexes(sock: socket.socket) -> dict[str, int]:
     """ifname → ifindex for every link in the socket's namespace."""
-    out = {}
-    header = struct.pack("IHHII", 16 + 16, RTM_GETLINK, NLM_F_REQUEST | NLM_F_DUMP, 1, 0)
-    sock.sendall(header + ifinfo())
-    while True:
-        data = sock.recv(1 << 20)
-        off = 0
-        while off + 16 <= len(data):
-            length, kind, _f, _s, _p = struct.unpack_from("IHHII", data, off)
-            if kind == NLMSG_DONE:
-                return out
-            if kind == NLMSG_ERROR:
-                raise NetlinkError(-struct.unpack_from("i", data, off + 16)[0], "link dump")
-            index = struct.unpack_from("i", data, off + 20)[0]
-            out[parse_attrs(data[off:off + length], 32).get(IFLA_IFNAME, b"").rstrip(b"\0").decode()] = index
-            off += _align(length)
+    return {name: index for name, index, _attrs in _link_attrs(sock)}
 
 
 def link_states(sock: socket.socket) -> dict[str, int]:
     """ifname → operstate for every link in the socket's namespace (one RTM_GETLINK dump)."""
-    return {name: attrs[IFLA_OPERSTATE][0] for name, attrs in _link_attrs(sock) if IFLA_OPERSTATE in attrs}
+    return {name: attrs[IFLA_OPERSTATE][0] for name, _index, attrs in _link_attrs(sock) if IFLA_OPERSTATE in attrs}
 
 
 def _link_attrs(sock: socket.socket):
@@ -374,6 +360,7 @@ def _link_attrs(sock: socket.socket):
                 return
             if kind == NLMSG_ERROR:
                 raise NetlinkError(-struct.unpack_from("i", data, off + 16)[0], "link dump")
+            index = struct.unpack_from("i", data, off + 20)[0]
             attrs = parse_attrs(data[off:off + length], 32)
-            yield attrs.get(IFLA_IFNAME, b"").rstrip(b"\0").decode(), attrs
+            yield attrs.get(IFLA_IFNAME, b"").rstrip(b"\0").decode(), index, attrs
             off += _align(length)
