@@ -7,6 +7,7 @@ no per-qdisc parameters.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -65,7 +66,15 @@ def probe_kernel() -> dict[str, bool]:
     finally:
         nsutil.remove(name)
     found["sched_fifo"] = _probe_sched_fifo()
+    found["udp_gso_no_csum"] = kernel_at_least(6, 11)
     return found
+
+
+def kernel_at_least(major: int, minor: int) -> bool:
+    """Whether this kernel's release is major.minor or newer (a feature no probe can try safely:
+    UDP GSO from a port without checksum offload, which the agents fall back from at run time)."""
+    release = re.match(r"(\d+)\.(\d+)", os.uname().release)
+    return release is not None and (int(release[1]), int(release[2])) >= (major, minor)
 
 
 def _probe_sched_fifo() -> bool:
@@ -138,8 +147,12 @@ def features(k: dict[str, bool]) -> list[dict]:
                                          + (", fixed seed" if k.get("hash_seed", True) else
                                             ", seed random per boot (no fib_multipath_hash_seed)"),
          "status": "in use"},
-        {"feature": "RoCEv2 traffic", "mechanism": "agents in GPU namespaces: UDP 4791 sockets, GSO sends cut "
-                                                  "into frames at the host veth, recvmmsg receivers",
+        {"feature": "RoCEv2 traffic", "mechanism": "agents in GPU namespaces: UDP 4791 sockets, "
+                                                  + ("GSO sends cut into frames at the host veth" if
+                                                     k.get("udp_gso_no_csum", True) else
+                                                     "one send per frame (before 6.11 the kernel refuses UDP "
+                                                     "GSO from a port without checksum offload)")
+                                                  + ", recvmmsg receivers",
          "status": "in use"},
         {"feature": "traffic classes", "mechanism": "HTB class + bfifo leaf per class on every port; DSCP to "
                                                    "class by nftables (meta priority) on switches, SO_PRIORITY "

@@ -72,6 +72,8 @@ class QpTx:
 
 
 class Sender:
+    socket_type = socket.socket
+
     def __init__(self, rank: int, mtu: int, sport_policy: str, rng, reliable: bool, gso: bool = True,
                  priorities: dict[int, int] | None = None, dcqcn=None):
         self.rank, self.mtu, self.sport_policy, self.rng = rank, mtu, sport_policy, rng
@@ -93,7 +95,7 @@ class Sender:
         key = (src, sport, tos)
         s = self.sockets.get(key)
         if s is None:
-            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            s = self.socket_type(socket.AF_INET, socket.SOCK_DGRAM)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             # unconnected + PMTUDISC_DO: DF set and IP ID 0, so the precomputed ICRC holds on the wire
@@ -136,27 +138,46 @@ class Sender:
                                          builder, sock, dest))
                 if q.last_progress == 0.0:
                     q.last_progress = time.monotonic()
-        if self.gso:
-            # runs of Middle packets leave in one UDP_SEGMENT send; the host's veth (no checksum
-            # offload, so no UDP GSO feature) cuts them into real frames before they enter the fabric
-            for psn, buf, seg, count in builder.gso_batches(q.psn, t["nbytes"], t["id"]):
-                if q.rp is not None:
-                    self._pace(q, len(buf) + count * (roce.FRAME_OVERHEAD - roce.BTH_LEN - roce.ICRC_LEN))
-                send(sock, buf, [(socket.SOL_UDP, UDP_SEGMENT, struct.pack("H", seg))] if count > 1 else [], dest)
-                q.packets += count
-                q.bytes += len(buf)
-                q.sent_upto = (psn + count) & roce.PSN_MASK
-                if self.reliable and q.resend_from is not None:
-                    self.go_back(q)
-        else:
-            for psn, payload in builder.packets(q.psn, t["nbytes"], t["id"]):
-                send(sock, payload, [], dest)
-                q.packets += 1
-                q.bytes += len(payload)
-                q.sent_upto = (psn + 1) & roce.PSN_MASK
-                if self.reliable and q.resend_from is not None:
-                    self.go_back(q)
+        resume = self._send_batched(q, builder, sock, dest, t) if self.gso else q.psn
+        if resume is not None:
+            self._send_each(q, builder, sock, dest, t, resume)
         q.psn = (q.psn + npkts) & roce.PSN_MASK
+
+    def _send_batched(self, q: QpTx, builder, sock, dest, t: dict) -> int | None:
+        """Runs of Middle packets leave in one UDP_SEGMENT send; the host's veth (no checksum offload,
+        so no UDP GSO feature) cuts them into real frames before they enter the fabric. Returns None
+        when the message is out, or the PSN to go on from one packet per send: a kernel before 6.11
+        refuses UDP GSO from a device without checksum offload (EIO, and nothing left)."""
+        for psn, buf, seg, count in builder.gso_batches(q.psn, t["nbytes"], t["id"]):
+            if q.rp is not None:
+                self._pace(q, len(buf) + count * (roce.FRAME_OVERHEAD - roce.BTH_LEN - roce.ICRC_LEN))
+            try:
+                send(sock, buf, [(socket.SOL_UDP, UDP_SEGMENT, struct.pack("H", seg))] if count > 1 else [], dest)
+            except OSError as exc:
+                if exc.errno != errno.EIO or count == 1:
+                    raise
+                self.gso = False
+                return psn
+            q.packets += count
+            q.bytes += len(buf)
+            q.sent_upto = (psn + count) & roce.PSN_MASK
+            if self.reliable and q.resend_from is not None:
+                self.go_back(q)
+        return None
+
+    def _send_each(self, q: QpTx, builder, sock, dest, t: dict, start: int) -> None:
+        """One packet per send from PSN `start` on (each with IP ID 0, as its ICRC assumes)."""
+        for psn, payload in builder.packets(q.psn, t["nbytes"], t["id"]):
+            if psn_before(psn, start):
+                continue
+            if q.rp is not None:
+                self._pace(q, len(payload) + roce.FRAME_OVERHEAD - roce.BTH_LEN - roce.ICRC_LEN)
+            send(sock, payload, [], dest)
+            q.packets += 1
+            q.bytes += len(payload)
+            q.sent_upto = (psn + 1) & roce.PSN_MASK
+            if self.reliable and q.resend_from is not None:
+                self.go_back(q)
 
     def _pace(self, q: QpTx, wire_bytes: int) -> None:
         """Hold a QP to its DCQCN rate: each batch leaves no earlier than its predecessor's end."""
