@@ -31,6 +31,15 @@ def test_every_bundled_experiment_is_valid(tmp_path):
         prepare(path, tmp_path / path.stem)
 
 
+def test_run_set_overrides_the_experiments_lab_and_a_bad_one_names_its_origin(tmp_path):
+    from labctl.experiment.run import _sets
+    exp, _, _ = prepare(ROOT / "experiments" / "incast-pfc.yml", tmp_path / "ok", ["dilation=16000"])
+    assert _sets(exp, None, ["dilation=16000"]) == ["scale_up=false", "dilation=16000"]
+    with pytest.raises(InputError, match="from labctl run --set") as info:
+        prepare(ROOT / "experiments" / "incast-pfc.yml", tmp_path / "bad", ["dilation=fast"])
+    assert "dilation" in str(info.value)
+
+
 def test_judge_compares_runs_factors_and_trends():
     exp = Experiment.model_validate({
         "name": "t", "topology": "x.yml", "sweep": {"var": "d", "values": [1, 2, 3]},

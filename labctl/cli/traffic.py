@@ -13,7 +13,10 @@ from labctl.cli.base import cli
 @click.option("--lab", "lab_name", help="the lab to run on (needed when several are up)")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), help="run directory (default runs/<time>-<name>)")
 @click.option("--json", "as_json", is_flag=True, help="print results.json instead of the table")
-def run(workload, lab_name, out_dir, as_json):
+@click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+              help="experiments only: a lab variable set after the experiment's own set: "
+                   "(e.g. dilation=16000 on a slow machine: every rate 4x lower)")
+def run(workload, lab_name, out_dir, as_json, sets):
     """Play a workload on a running lab, or run an experiment (or a directory of them) end to end.
 
     A workload (collectives, an FSDP step, TCP flows) plays on a lab that is up and reports like
@@ -30,12 +33,16 @@ def run(workload, lab_name, out_dir, as_json):
       sudo labctl run workloads/fsdp-llama7b.yml --out runs/fsdp
       sudo labctl run experiments/incast-pfc.yml
       sudo labctl run experiments/                      # every bundled experiment
+      sudo labctl run experiments/incast-pfc.yml --set dilation=16000
     """
     from pathlib import Path
     from labctl.experiment.run import is_experiment
     if is_experiment(Path(workload)):
-        _run_experiments(Path(workload), out_dir, as_json)
+        _run_experiments(Path(workload), out_dir, as_json, list(sets))
         return
+    if sets:
+        raise click.UsageError("--set changes the lab an experiment builds; a workload plays on a lab that "
+                               "is up (`labctl up LAB.yml --set KEY=VALUE` first)")
     from labctl import lifecycle as labmod
     from labctl.traffic import report
     from labctl.traffic.run import default_run_dir, new_run_dir, run_workload
@@ -63,7 +70,7 @@ def run(workload, lab_name, out_dir, as_json):
 
 
 
-def _run_experiments(target, out_dir, as_json) -> None:
+def _run_experiments(target, out_dir, as_json, sets: list[str]) -> None:
     import time
     from pathlib import Path
     from labctl import lifecycle as labmod
@@ -76,11 +83,11 @@ def _run_experiments(target, out_dir, as_json) -> None:
     from labctl.traffic.run import new_run_dir
     for f in files:                      # every file checked before the first lab is built
         new_run_dir(outs[f])
-        prepare(f, outs[f])
+        prepare(f, outs[f], sets)
     labmod.require_root("labctl run (an experiment builds a lab)")
     failed = []
     for f in files:
-        doc = run_experiment(f, outs[f])
+        doc = run_experiment(f, outs[f], sets=sets)
         if as_json:
             click.echo(json.dumps(doc, indent=1))
         else:

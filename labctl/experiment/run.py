@@ -32,8 +32,9 @@ def lab_name(exp: Experiment) -> str:
     return (os.environ.get("LABCTL_EXPERIMENT_PREFIX", "x-") + exp.name)[:24].rstrip("-")
 
 
-def prepare(path: Path, out: Path) -> tuple[Experiment, str, dict[int, LoadedWorkload]]:
-    """Load and check everything the experiment will use, before anything is built."""
+def prepare(path: Path, out: Path, sets: list[str] = ()) -> tuple[Experiment, str, dict[int, LoadedWorkload]]:
+    """Load and check everything the experiment will use, before anything is built. `sets` (from
+    `labctl run --set`) come after the experiment's own set:, and before its sweep value."""
     from labctl.plan.compile import compile_plan
     from labctl.topology.load import load_topology
     exp, text, smap = load_experiment(path)
@@ -50,17 +51,19 @@ def prepare(path: Path, out: Path) -> tuple[Experiment, str, dict[int, LoadedWor
             workloads[k] = load_workload(path.parent / step.run)
     for value in exp.sweep.values if exp.sweep else [None]:
         try:
-            compile_plan(load_topology(str(path.parent / exp.topology), _sets(exp, value), lab_name(exp)))
+            compile_plan(load_topology(str(path.parent / exp.topology), _sets(exp, value, sets), lab_name(exp)))
         except InputError as exc:
             if exc.where is None or exc.where.file != "--set":
                 raise
+            if exc.where.key in {s.split("=", 1)[0] for s in sets}:
+                raise InputError(exc.where, f"{exc.message} (in {exp.topology}, from labctl run --set)", exc.fix) from None
             key = ("sweep", "var") if exp.sweep and exc.where.key == exp.sweep.var else ("set",)
             raise InputError(smap.where(key), f"{exc.message} (in {exp.topology})", exc.fix) from None
     return exp, text, workloads
 
 
-def _sets(exp: Experiment, value) -> list[str]:
-    return list(exp.set) + ([f"{exp.sweep.var}={value}"] if value is not None else [])
+def _sets(exp: Experiment, value, extra: list[str] = ()) -> list[str]:
+    return list(exp.set) + list(extra) + ([f"{exp.sweep.var}={value}"] if value is not None else [])
 
 
 def _wan_bytes(lab) -> float:
@@ -70,9 +73,10 @@ def _wan_bytes(lab) -> float:
         return 0.0
 
 
-def run_experiment(path: Path, out: Path, say=lambda msg: print(msg, file=sys.stderr, flush=True)) -> dict:
+def run_experiment(path: Path, out: Path, say=lambda msg: print(msg, file=sys.stderr, flush=True),
+                   sets: list[str] = ()) -> dict:
     path = Path(path)
-    exp, text, workloads = prepare(path, out)
+    exp, text, workloads = prepare(path, out, sets)
     (out / "experiment.yml").write_text(text)
     metrics: dict[str, dict] = {}
     runs: dict[str, Path] = {}
@@ -80,8 +84,9 @@ def run_experiment(path: Path, out: Path, say=lambda msg: print(msg, file=sys.st
     name = lab_name(exp)
     for value in exp.sweep.values if exp.sweep else [None]:
         suffix = f"@{value}" if value is not None else ""
-        say(f"[{exp.name}] up {exp.topology}{' with ' + ' '.join(_sets(exp, value)) if _sets(exp, value) else ''}")
-        plan, lab, _ = labmod.up(str(path.parent / exp.topology), _sets(exp, value), name)
+        lab_sets = _sets(exp, value, sets)
+        say(f"[{exp.name}] up {exp.topology}{' with ' + ' '.join(lab_sets) if lab_sets else ''}")
+        plan, lab, _ = labmod.up(str(path.parent / exp.topology), lab_sets, name)
         caps = []
         try:
             for c in exp.captures:
