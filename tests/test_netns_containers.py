@@ -68,6 +68,11 @@ def test_mixed_lab_pings_runs_the_allreduce_and_captures_roce_on_a_container(doc
             f"/var/run/netns/{gpus[0].namespace}").st_ino, "the node's netns is the container's"
         tried, failed = labmod.pingall(plan)
         assert (tried, failed) == (80, [])
+        images = {n["name"]: n["image"] for n in labmod.status(lab)["nodes"]}
+        assert all(images[n.name] == "labctl/host" for n in gpus) and images["leaf1"] is None, images
+        listing = subprocess.run([sys.executable, "-m", "labctl", "status", lab_name], capture_output=True,
+                                 text=True, env={**os.environ, "COLUMNS": "200"}).stdout
+        assert "gpu (labctl/host)" in listing, listing[:400]
         r = subprocess.run(labmod.backend_of(lab).exec_argv(gpus[0], ["cat", "/etc/os-release"]),
                            capture_output=True, text=True)
         assert "bookworm" in r.stdout, "exec runs inside the container's own filesystem"

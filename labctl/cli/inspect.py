@@ -51,7 +51,8 @@ def status(lab, as_json):
     for n in s["nodes"]:
         first = True
         for p in n["interfaces"]:
-            t.add_row(n["name"] if first else "", n["kind"] if first else "", p["name"], p["address"], p["peer"],
+            kind = n["kind"] + (f" ({n['image']})" if n.get("image") else "")   # a container node's image
+            t.add_row(n["name"] if first else "", kind if first else "", p["name"], p["address"], p["peer"],
                       p["state"] if n["present"] else "[red]missing[/]", str(p.get("tx_bytes", "")),
                       str(p.get("rx_bytes", "")))
             first = False

@@ -33,6 +33,7 @@ def status(lab: state.LabDir) -> dict:
                           "state": OPERSTATE.get(info.get("operstate"), "absent") if live else "unknown",
                           **{k: info.get(k) for k in rtnl.STATS_FIELDS if k in info}})
         nodes.append({"name": node.name, "kind": node.kind, "namespace": node.namespace, "present": present,
+                      "image": node.container.image if node.container else None,
                       "loopback": node.loopback, "rank": node.rank, "interfaces": ports})
     return {"lab": plan.lab, "status": st.get("status"), "topology_file": st.get("topology_file"),
             "dilation": plan.dilation, "nodes": nodes, "helpers": helpers(lab)}
