@@ -51,7 +51,7 @@ in_ns() { ip netns exec "$ns" "$@"; }
 vg() { (cd "$here" && in_ns vagrant "$@"); }
 guest() { say "guest: $*"; vg ssh -c "$*"; }
 
-pools_before=""
+pools_before="" domains_before="" volumes_before=""
 virsh_() { virsh -c qemu:///system "$@"; }
 cleanup() {
   set +e
@@ -59,6 +59,7 @@ cleanup() {
   if [ -S /run/libvirt/libvirt-sock ] && [ -f "$run/libvirtd.pid" ]; then
     [ -d "$VAGRANT_DOTFILE_PATH" ] && vg destroy -f >/dev/null 2>&1
     for dom in $(virsh_ list --all --name | grep '^labctl_'); do
+      grep -qx "$dom" <<<"$domains_before" && continue    # a VM defined before this run is the user's
       virsh_ destroy "$dom" >/dev/null 2>&1
       virsh_ undefine "$dom" --remove-all-storage >/dev/null 2>&1
     done
@@ -69,6 +70,7 @@ cleanup() {
     for pool in $(virsh_ pool-list --all --name); do
       # the box's volume (labctl-VAGRANTSLASH-...) and the VM's disk (labctl_default.img) are ours
       for vol in $(virsh_ vol-list "$pool" 2>/dev/null | awk 'NR>2 && $1 ~ /^labctl/ {print $1}'); do
+        grep -qx "$pool/$vol" <<<"$volumes_before" && continue
         virsh_ vol-delete "$vol" --pool "$pool" >/dev/null 2>&1
       done
       grep -qx "$pool" <<<"$pools_before" && continue     # a pool that was there before is not ours
@@ -112,7 +114,10 @@ in_ns unshare --mount --propagation private sh -c 'mount --bind "$1" /etc/libvir
   sh "$run/qemu.conf" "$run/libvirtd.pid"
 for _ in $(seq 100); do [ -S /run/libvirt/libvirt-sock ] && break; sleep 0.1; done
 virsh_ version >/dev/null
+# what this daemon finds already defined (a user's own VMs, pools, volumes) is left as it is
 pools_before=$(virsh_ pool-list --all --name)
+domains_before=$(virsh_ list --all --name)
+volumes_before=$(for p in $pools_before; do virsh_ vol-list "$p" 2>/dev/null | awk -v p="$p" 'NR>2 && $1 {print p "/" $1}' || true; done)
 
 t=$(date +%s)
 box=$("$here/vm/build-box.sh" | tail -1)
