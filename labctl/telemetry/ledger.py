@@ -9,7 +9,8 @@ Places, each read before and after a run (the ledger is the difference):
     (/proc/net/snmp: a forwarding node out of memory or routes, an agent too slow to read);
   * packets dropped while waiting for ARP (/proc/net/stat/arp_cache, machine-wide: labctl writes
     every neighbour in at build time, so this stays 0 unless something else flushed them);
-  * frames the WAN line lost on purpose or dropped for want of room (wan.json).
+  * frames the WAN line lost on purpose, dropped for want of room, or that its sockets dropped while
+    it waited for a CPU (wan.json).
 
 Switch ports carry single packets (the hosts' NICs segment before the wire: veths have no UDP
 segmentation offload with checksums off), so a qdisc drop is one packet, and one PSN when it is a
@@ -30,7 +31,7 @@ DEVICE_FIELDS = ("rx_dropped", "tx_dropped", "rx_errors", "tx_errors")
 UDP_FIELDS = ("RcvbufErrors", "InErrors")
 IP_FIELDS = ("InDiscards", "InHdrErrors", "InAddrErrors", "OutDiscards", "OutNoRoutes")
 MACHINE_WIDE = (("softnet", "backlog drops"), ("neighbour", "unresolved discards"))
-WAN_FIELDS = ("lost", "overflow", "bad_icv")
+WAN_FIELDS = ("lost", "overflow", "bad_icv", "socket_drops", "send_errors")
 
 
 def snapshot(plan: LabPlan, lab_path: Path | None = None) -> dict[tuple, int]:

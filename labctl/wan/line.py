@@ -5,7 +5,14 @@ some at random (`loss`), encrypts them (ESP, when the link says `encrypt`), hold
 link's one-way delay plus up to `jitter` (never reordering: a frame leaves no earlier than the one
 before it), and puts them on the fibre; the far end decrypts and hands them to the receiving
 router. The buffer of the WAN is the routers' egress queue (deep, BDP-sized by default); the line
-itself only bounds what is in flight (2 x BDP + 4 MB) and counts what it drops.
+itself only bounds what is in flight (2 x BDP + 4 MB + one second of the link) and counts what it
+drops.
+
+The line is a process, and a busy machine can leave it without a CPU for tens of ms. A fibre
+neither drops nor bunches frames meanwhile, so: its sockets hold what arrives (RCVBUF), each frame's
+delay counts from its kernel arrival stamp, and frames never leave faster than the link's rate (a
+burst after a stall would overrun the far router's lossless headroom, which is sized for feeders at
+line rate). What a stall costs is then only time, reported as `max_lag_us`.
 
     python -m labctl.wan.line LAB_DIR
 """
@@ -14,6 +21,7 @@ from __future__ import annotations
 import json
 import random
 import socket
+import struct
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -28,16 +36,61 @@ from labctl.wan import esp
 
 ETH_P_ALL = 0x0003
 COUNTERS_EVERY = 0.2
+SO_RCVBUFFORCE = 33
+SOL_PACKET, PACKET_STATISTICS = 263, 6
+# The line stands for a fibre, which never drops for want of a reader: its sockets must hold what
+# arrives while the line waits for a CPU. 64 MB of skb memory is ~7,000 full-size frames, 0.6 s of
+# a 100 Mbit/s lab link. SO_RCVBUF alone is capped by net.core.rmem_max (208 kB on a stock
+# kernel: 20 ms of that link, shorter than a hypervisor's stall on a busy VM).
+RCVBUF = 64 << 20
+SO_TIMESTAMPNS = SCM_TIMESTAMPNS = 35
+TIMESPEC = struct.Struct("qq")
+CMSG_SPACE = socket.CMSG_SPACE(TIMESPEC.size)
 
 
 def packet_socket(namespace: str, port: str) -> socket.socket:
     with nsutil.entered(namespace):
         s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
     s.bind((port, ETH_P_ALL))
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+    s.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, RCVBUF)
+    # each frame's delay counts from when it reached the line, not from when the line got to it
+    s.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
     # no PACKET_QDISC_BYPASS: it skips the capture taps too, and a capture on the fibre must see both ways
     s.setblocking(False)
     return s
+
+
+BURST_S = 0.001   # how far behind real time the line may fall before it paces (a late wake-up is normal)
+
+
+@dataclass
+class Paced:
+    """Frames waiting for their time, let out no faster than the link's rate. After a stall the
+    waiting frames leave at line rate, not as one burst: the far router's lossless headroom is sized
+    for feeders at line rate, and a burst overran it."""
+    rate_bps: int
+    frames: deque = field(default_factory=deque)   # (due, frame, size the link's shaper counted)
+    free: float = 0.0                              # when the link can take the next frame
+    late_us: int = 0                               # the worst lateness, once over 1 ms
+
+    def push(self, due: float, frame: bytes, size: int) -> None:
+        self.frames.append((due, frame, size))
+
+    def due(self, now: float):
+        """Each frame whose turn has come."""
+        while self.frames:
+            due, frame, size = self.frames[0]
+            start = max(due, self.free, now - BURST_S)
+            if start > now:
+                return
+            self.frames.popleft()
+            self.free = start + (size * 8 / self.rate_bps if self.rate_bps else 0.0)
+            if now - due > 1e-3:
+                self.late_us = max(self.late_us, int((now - due) * 1e6))
+            yield frame
+
+    def next_time(self) -> float | None:
+        return max(self.frames[0][0], self.free) if self.frames else None
 
 
 @dataclass
@@ -52,68 +105,97 @@ class Direction:
     jitter: float
     loss: float
     limit: int
+    rate_bps: int
     seal: esp.Sa | None
     opens: dict[int, esp.Sa] | None
     rng: random.Random
-    held: deque = field(default_factory=deque)
     held_bytes: int = 0
     last_release: float = 0.0
     c: dict = field(default_factory=lambda: dict.fromkeys(
-        ("frames", "bytes", "delivered", "delivered_bytes", "lost", "overflow", "not_ip", "bad_icv", "send_errors"), 0))
+        ("frames", "bytes", "delivered", "delivered_bytes", "lost", "overflow", "not_ip", "bad_icv", "send_errors",
+         "socket_drops", "max_lag_us"), 0))
+
+    def __post_init__(self):
+        self.fibre = Paced(self.rate_bps)     # sealed frames on their way along the fibre
+        self.landing = Paced(self.rate_bps)   # opened at the far end, on their way into the router
+
+    def count_socket_drops(self) -> None:
+        """Frames the kernel dropped because the line's sockets were full (each socket is read by
+        one direction only: `src` by take, `rx` by deliver); reading the statistics resets them."""
+        for sock in (self.src, self.rx):
+            stats = sock.getsockopt(SOL_PACKET, PACKET_STATISTICS, 8)
+            self.c["socket_drops"] += struct.unpack("II", stats)[1]     # struct tpacket_stats: packets, drops
+        self.c["max_lag_us"] = max(self.fibre.late_us, self.landing.late_us)
 
     def take(self, now: float) -> None:
         """Frames the router sent onto the line: lose, seal, and queue them with their release time."""
-        for frame in _drain(self.src):
+        for frame, arrived in _drain(self.src, now):
             self.c["frames"] += 1
             self.c["bytes"] += len(frame)
             if self.loss and self.rng.random() < self.loss:
                 self.c["lost"] += 1
                 continue
             if self.held_bytes + len(frame) > self.limit:
+                self.release(now)         # after a stall, frames already due make room
+            if self.held_bytes + len(frame) > self.limit:
                 self.c["overflow"] += 1
                 continue
+            size = len(frame)             # what the router's shaper counted, before ESP
             if self.seal is not None:
                 sealed = esp.encapsulate(self.seal, frame)
                 if sealed is None:
                     self.c["not_ip"] += 1
                     continue
                 frame = sealed
-            release = now + self.delay + (self.rng.random() * self.jitter if self.jitter else 0.0)
-            self.last_release = release = max(release, self.last_release)
-            self.held.append((release, frame))
+            due = arrived + self.delay + (self.rng.random() * self.jitter if self.jitter else 0.0)
+            self.last_release = due = max(due, self.last_release)
+            self.fibre.push(due, frame, size)
             self.held_bytes += len(frame)
 
     def release(self, now: float) -> None:
-        while self.held and self.held[0][0] <= now:
-            _, frame = self.held.popleft()
+        for frame in self.fibre.due(now):
             self.held_bytes -= len(frame)
             _send(self.tx, frame, self.c)
 
-    def deliver(self) -> None:
+    def deliver(self, now: float) -> None:
         """Frames arriving at the far end of the fibre: open them and hand them to the router."""
-        for frame in _drain(self.rx):
+        for frame, arrived in _drain(self.rx, now):
             if self.opens is not None:
                 opened = esp.decapsulate(self.opens, frame)
                 if opened is None:
                     self.c["bad_icv"] += 1
                     continue
                 frame = opened
+            self.landing.push(arrived, frame, len(frame))
+        self.land(now)
+
+    def land(self, now: float) -> None:
+        for frame in self.landing.due(now):
             self.c["delivered"] += 1
             self.c["delivered_bytes"] += len(frame)
             _send(self.dst, frame, self.c)
 
     def next_release(self) -> float | None:
-        return self.held[0][0] if self.held else None
+        times = [t for t in (self.fibre.next_time(), self.landing.next_time()) if t is not None]
+        return min(times) if times else None
 
 
-def _drain(sock: socket.socket):
+def _drain(sock: socket.socket, now: float):
+    """(frame, when it arrived on time.monotonic()'s clock) for each frame waiting on the socket."""
+    to_monotonic = time.monotonic() - time.time()   # the kernel stamps frames on the wall clock
     while True:
         try:
-            data, addr = sock.recvfrom(65536)
+            data, ancillary, _, addr = sock.recvmsg(65536, CMSG_SPACE)
         except BlockingIOError:
             return
-        if addr[2] != socket.PACKET_OUTGOING:
-            yield data
+        if addr[2] == socket.PACKET_OUTGOING:
+            continue
+        arrived = now
+        for level, kind, value in ancillary:
+            if level == socket.SOL_SOCKET and kind == SCM_TIMESTAMPNS and len(value) >= TIMESPEC.size:
+                sec, nsec = TIMESPEC.unpack_from(value)
+                arrived = min(now, sec + nsec / 1e9 + to_monotonic)
+        yield data, arrived
 
 
 def _send(sock: socket.socket, frame: bytes, c: dict) -> None:
@@ -128,14 +210,14 @@ def directions(plan: LabPlan, link: Link, keys: dict, seed: int) -> list[Directi
     near_a, near_fibre = packet_socket(near, "a"), packet_socket(near, "fibre")
     far_fibre, far_b = packet_socket(far, "fibre"), packet_socket(far, "b")
     delay, jitter = link.lab_delay_ns / 1e9, link.lab_jitter_ns / 1e9
-    limit = 2 * int(link.lab_rate_bps / 8 * 2 * (delay + jitter)) + (4 << 20)
+    limit = 2 * int(link.lab_rate_bps / 8 * 2 * (delay + jitter)) + (4 << 20) + link.lab_rate_bps // 8
     sas = {k: esp.Sa.from_dict(v) for k, v in keys.get(str(link.id), {}).items()}
     ab, ba = sas.get("ab"), sas.get("ba")
     return [
         Direction(f"{link.a}->{link.b}", near_a, near_fibre, far_fibre, far_b, delay, jitter, link.loss, limit,
-                  ab, {ab.spi: ab} if ab else None, random.Random(seed)),
+                  link.lab_rate_bps, ab, {ab.spi: ab} if ab else None, random.Random(seed)),
         Direction(f"{link.b}->{link.a}", far_b, far_fibre, near_fibre, near_a, delay, jitter, link.loss, limit,
-                  ba, {ba.spi: ba} if ba else None, random.Random(seed + 1)),
+                  link.lab_rate_bps, ba, {ba.spi: ba} if ba else None, random.Random(seed + 1)),
     ]
 
 
@@ -153,9 +235,11 @@ class Line:
         self.readers: dict[int, list] = {}
         for d in self.dirs:
             self.readers.setdefault(d.src.fileno(), []).append(d.take)
-            self.readers.setdefault(d.rx.fileno(), []).append(lambda now, d=d: d.deliver())
+            self.readers.setdefault(d.rx.fileno(), []).append(d.deliver)
 
     def counters(self) -> dict:
+        for d in self.dirs:
+            d.count_socket_drops()
         return {"time": time.monotonic(), "directions": [{"name": d.name, "held_bytes": d.held_bytes, **d.c}
                                                           for d in self.dirs]}
 
@@ -175,6 +259,7 @@ class Line:
                     handler(now)
             for d in self.dirs:
                 d.release(now)
+                d.land(now)
             if self.files and now - last >= COUNTERS_EVERY:
                 self.files.publish(self.counters())
                 last = now
