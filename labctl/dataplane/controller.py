@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -80,6 +81,9 @@ class Controller:
         # how long a busy queue goes between two reads (reaction.py): what PFC headroom must cover
         self.reactions = reaction.Histogram()
         self.work = reaction.Histogram()     # of that, the loop's own work (the rest is waiting for a CPU)
+        # the slow ones with their time, so that a run can take out what the machine stalled (stallwatch.py)
+        self.long_reads: deque = deque(maxlen=reaction.LONG_READS_KEPT)
+        self.long_count = 0
         self.errors: list[str] = []     # control files refused, newest last (shown by `labctl status`)
         macs = {(n.name, i.name): i.mac for n in plan.nodes for i in n.interfaces}
         served = []
@@ -254,8 +258,12 @@ class Controller:
                 # planned later than FAST (no queue could reach a threshold before it) counts
                 # only from when it was due, as if the queues had been read at FAST until then
                 end = time.monotonic()
-                self.reactions.add(end - sw.last_read - (sw.period - FAST))
+                took = end - sw.last_read - (sw.period - FAST)
+                self.reactions.add(took)
                 self.work.add(end - start)
+                if took > reaction.LONG_READ_S:
+                    self.long_reads.append((round(end, 6), round(took, 6)))
+                    self.long_count += 1
             # half the earliest crossing: a margin for a wake-up that comes late behind other work
             sw.busy, sw.last_read = busy, start
             sw.period = min(self.idle, max(FAST, due / 2)) if busy or due <= 0 else self.idle
@@ -286,13 +294,14 @@ class Controller:
             return
         # the change test looks at one number: comparing 5,000 ports' counters every 10 ms took
         # a third of the loop at 1,024 GPUs
-        summary = (self.generation, self.reactions.worst(), self.pfc_activity)
+        summary = (self.generation, self.reactions.worst(), self.pfc_activity, self.long_count)
         if summary == self.last_written and not self.held and not force:
             return
         ports = [p.counters(now) for p in self.pfc_ports]
         self.last_written = summary
         self.files.publish({"time": now, "generation": self.generation, "ports": ports,
                             "reaction_hist": self.reactions.to_list(), "work_hist": self.work.to_list(),
+                            "long_reads": list(self.long_reads),
                             "errors": list(self.errors)})
 
     def run(self, stop_when_gone: bool = True) -> None:

@@ -5,6 +5,11 @@ the feeders are paused within that same loop (the frame goes out and the neighbo
 by the same process). So the worst case from "past XOFF" to "feeders stopped" is the longest
 interval between two reads of a busy queue. The controller keeps those intervals as a histogram
 in pfc.json; a run takes the difference of two snapshots to get its own worst case and p99.
+
+The machine can stall every process at once (stallwatch.py). A run measures those stalls beside
+the controller, and for each slow interval (kept with its time) takes out what a CPU's stall
+covered: `own_worst_s` is the controller's part, `machine_worst_s` the longest stall of the run.
+The headroom is sized for the controller's part; a machine that stalls longer is reported as such.
 """
 from __future__ import annotations
 
@@ -12,6 +17,8 @@ from dataclasses import dataclass, field
 
 STEP_S = 0.0005            # bucket width, lab seconds
 BUCKETS = 400              # 0..200 ms, and one more for anything longer
+LONG_READ_S = 0.005        # intervals longer than this are also kept with their time (pfc.json long_reads)
+LONG_READS_KEPT = 512
 
 
 @dataclass
@@ -56,12 +63,33 @@ class Histogram:
         return cls([int(c) for c in counts])
 
 
-def summary(h: Histogram, sized_for_s: float) -> dict:
+def summary(h: Histogram, sized_for_s: float, long_reads: list | None = None,
+            machine_gaps: dict | None = None) -> dict:
     """What a report says about one stretch of time: worst, p99, how many reads, and whether the
-    headroom (sized for `sized_for_s`) covered the worst case."""
+    headroom (sized for `sized_for_s`) covered the worst case; with the slow reads of that stretch
+    and the machine's stalls (stallwatch), also the controller's own part of the worst."""
+    from labctl.telemetry import stallwatch
     worst = h.worst()
-    return {"reads": h.samples, "worst_s": worst, "p99_s": h.quantile(0.99), "sized_for_s": sized_for_s,
-            "within_headroom": worst <= sized_for_s}
+    out = {"reads": h.samples, "worst_s": worst, "p99_s": h.quantile(0.99), "sized_for_s": sized_for_s,
+           "within_headroom": worst <= sized_for_s}
+    if machine_gaps is not None:
+        own = [stallwatch.own_part(end, took, machine_gaps) for end, took in long_reads or ()]
+        # reads up to LONG_READ_S are in the histogram only: their own part is at most that
+        own_worst = max(own + [min(worst, LONG_READ_S)])
+        out.update({"own_worst_s": round(own_worst, 4), "machine_worst_s": round(stallwatch.worst(machine_gaps), 4),
+                    "controller_within_headroom": own_worst <= sized_for_s})
+    return out
+
+
+def read_long(lab_path, since: float) -> list:
+    """The controller's slow reads that ended after `since` (time.monotonic())."""
+    import json
+    from pathlib import Path
+    try:
+        reads = json.loads((Path(lab_path) / "pfc.json").read_text()).get("long_reads") or []
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [(float(end), float(took)) for end, took in reads if float(end) >= since]
 
 
 def read(lab_path) -> Histogram:
@@ -80,4 +108,10 @@ def describe(s: dict) -> str:
         return "over 200 ms" if x == float("inf") else f"{x * 1e3:.1f} ms"
     text = (f"controller reaction: worst {ms(s['worst_s'])}, p99 {ms(s['p99_s'])} over {s['reads']:,} reads of busy "
             f"queues (PFC headroom sized for {s['sized_for_s'] * 1e3:g} ms)")
-    return text if s["within_headroom"] else text + "; WORSE THAN THE HEADROOM COVERS"
+    if s["within_headroom"]:
+        return text
+    if s.get("controller_within_headroom"):
+        return (text + f"; the machine stalled every process for up to {ms(s['machine_worst_s'])} (a busy host or "
+                f"hypervisor): the controller's own part was {ms(s['own_worst_s'])}, but that stall was longer "
+                f"than the headroom covers")
+    return text + "; WORSE THAN THE HEADROOM COVERS"

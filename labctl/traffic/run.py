@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labctl import procs
+from labctl.telemetry.stallwatch import StallWatch
 from labctl.telemetry import reaction
 from labctl.errors import InputError, LabError, Where
 from labctl.plan.model import LabPlan
@@ -177,8 +178,13 @@ def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Pa
     results = []
     with procs.realtime():
         losses_before = ledger.snapshot(plan, lab.path)
-    reactions_before = reaction.read(lab.path)
-    pool = AgentPool(plan, lab, ranks, options) if ops else None
+    reactions_before, since = reaction.read(lab.path), time.monotonic()
+    stalls = StallWatch().start()
+    try:
+        pool = AgentPool(plan, lab, ranks, options) if ops else None
+    except BaseException:
+        stalls.stop()
+        raise
     sampler = QueueSampler(plan, out_dir / "queues.csv", lab_path=lab.path).start()
     tcp = FlowRun(tcp_flows).start() if tcp_flows else None
     try:
@@ -195,6 +201,7 @@ def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Pa
             tcp.wait(w.options.timeout / 1e9 if w.options.timeout else None)
     except BaseException:
         sampler.close()
+        stalls.stop()
         if tcp is not None:
             tcp.close()
         if pool is not None:
@@ -206,7 +213,9 @@ def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Pa
     gaps = sum(q["gaps"] for c in counters.values() for q in c.get("rx", []))
     with procs.realtime():
         losses = ledger.ledger(losses_before, ledger.snapshot(plan, lab.path), plan, gaps)
-    reactions = reaction.summary(reaction.read(lab.path).minus(reactions_before), plan.pfc_response_s)
+    machine_gaps = stalls.stop()
+    reactions = reaction.summary(reaction.read(lab.path).minus(reactions_before), plan.pfc_response_s,
+                                 reaction.read_long(lab.path, since), machine_gaps)
     doc = {"workload": w.name, "lab": plan.lab, "dilation": plan.dilation, "ranks": ranks,
            "nodes": {r: nodes[r].name for r in ranks}, "options": w.options.model_dump(),
            "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "results": results,

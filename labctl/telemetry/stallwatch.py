@@ -1,0 +1,106 @@
+"""Machine stalls: stretches in which the machine itself ran nothing of ours on a CPU.
+
+A lab stands for hardware with processes, and a busy host (a hypervisor preempting the VM's vCPUs,
+firmware, another tenant) can take a CPU from every process at once: on this kind of machine a
+real-time loop that sleeps 1 ms, alone and idle, sees gaps of 5-7 ms, and CI saw the controller go
+33-46 ms between two reads. No headroom sized for the controller's own reaction covers that, and
+no change to the controller can shorten it, so a run measures it beside the controller and says
+which part of a slow reaction was the machine's.
+
+One watcher per CPU, pinned there and real-time above every lab process, wakes every millisecond
+and records each wake-up that came more than 2 ms late. Nothing of the lab can
+delay it, so such a gap is time the CPU was not the kernel's to give (or spent in the kernel with
+preemption off). A run starts the watchers with its agents and reads their gaps at the end.
+
+    python -m labctl.telemetry.stallwatch CPU     # runs until its stdin closes, then prints its gaps
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+
+PERIOD_MS = 1
+REPORT_OVER_S = 0.002
+PRIORITY = 50          # above the controller and the line (procs.HELPER_RT_PRIORITY)
+MAX_GAPS = 10_000
+
+
+def watch(cpu: int) -> dict:
+    os.sched_setaffinity(0, {cpu})
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(PRIORITY))
+        scheduling = "fifo"
+    except OSError:
+        scheduling = "other"      # gaps then include waiting behind other processes: said in the result
+    stdin = select.poll()
+    stdin.register(sys.stdin.fileno(), select.POLLIN | select.POLLHUP)
+    print("ready", flush=True)
+    gaps: list[list[float]] = []
+    last = time.monotonic()
+    while True:
+        closed = stdin.poll(PERIOD_MS)      # the sleep and the stop signal in one call
+        now = time.monotonic()
+        late = now - last - PERIOD_MS / 1000     # past when it should have woken
+        if late > REPORT_OVER_S and len(gaps) < MAX_GAPS:
+            gaps.append([now, late])
+        last = now
+        if closed:
+            return {"cpu": cpu, "scheduling": scheduling, "gaps": gaps}
+
+
+class StallWatch:
+    """The watchers of one run: `start()`, then `stop()` returns {cpu: [[end, seconds], ...]}."""
+
+    def __init__(self):
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self) -> "StallWatch":
+        try:
+            for cpu in sorted(os.sched_getaffinity(0)):
+                p = subprocess.Popen([sys.executable, "-P", "-m", "labctl.telemetry.stallwatch", str(cpu)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     text=True, cwd="/")
+                self.procs.append(p)
+                if p.stdout.readline().strip() != "ready":
+                    raise OSError(f"stall watcher on CPU {cpu} did not start")
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> dict[int, list]:
+        out = {}
+        for p in self.procs:
+            try:
+                text, _ = p.communicate(timeout=5)     # closing stdin stops it
+                doc = json.loads(text)
+                out[doc["cpu"]] = doc["gaps"]
+            except (subprocess.TimeoutExpired, ValueError, KeyError):
+                p.kill()
+                p.wait()
+        self.procs = []
+        return out
+
+
+def overlap(start: float, end: float, gaps: list) -> float:
+    """Seconds of [start, end] that fall in the gaps (each [end, seconds])."""
+    return sum(max(0.0, min(end, g_end) - max(start, g_end - g_s)) for g_end, g_s in gaps)
+
+
+def own_part(read_end: float, seconds: float, gaps_by_cpu: dict) -> float:
+    """Of one slow interval between two reads, what is left after the machine's stalls: the most
+    any single CPU stalled within it comes off (the controller was on one CPU, which is not known)."""
+    stolen = max((overlap(read_end - seconds, read_end, g) for g in gaps_by_cpu.values()), default=0.0)
+    return max(0.0, seconds - stolen)
+
+
+def worst(gaps_by_cpu: dict) -> float:
+    return max((s for g in gaps_by_cpu.values() for _, s in g), default=0.0)
+
+
+if __name__ == "__main__":
+    print(json.dumps(watch(int(sys.argv[1]))), flush=True)

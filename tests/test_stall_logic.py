@@ -1,0 +1,46 @@
+"""How a run tells the controller's slowness from the machine's stalls (pure logic, no root)."""
+from __future__ import annotations
+
+import pytest
+
+from labctl.telemetry import reaction, stallwatch
+
+
+def test_overlap_counts_only_the_part_of_each_gap_inside_the_interval():
+    gaps = [[10.0, 0.5], [12.0, 1.0], [20.0, 0.1]]       # [9.5, 10], [11, 12], [19.9, 20]
+    assert stallwatch.overlap(9.0, 11.5, gaps) == pytest.approx(0.5 + 0.5)
+    assert stallwatch.overlap(13.0, 19.0, gaps) == 0.0
+    assert stallwatch.overlap(9.8, 9.9, gaps) == pytest.approx(0.1)
+
+
+def test_the_controllers_part_is_what_the_most_stalled_cpu_leaves():
+    # a 46 ms interval ending at t=100: CPU 0 stalled 40 ms of it, CPU 1 10 ms
+    gaps = {0: [[99.995, 0.04]], 1: [[99.96, 0.01]]}
+    assert stallwatch.own_part(100.0, 0.046, gaps) == pytest.approx(0.006)
+    assert stallwatch.own_part(100.0, 0.046, {}) == pytest.approx(0.046)
+    assert stallwatch.worst(gaps) == 0.04
+
+
+def hist(*seconds):
+    h = reaction.Histogram()
+    for s in seconds:
+        h.add(s)
+    return h
+
+
+def test_a_stall_the_machine_made_is_named_as_such_and_a_slow_controller_is_not():
+    h = hist(0.001, 0.002, 0.0455)
+    stalled = {0: [[50.0, 0.040]]}
+    s = reaction.summary(h, 0.03, [(50.001, 0.0455)], stalled)
+    assert not s["within_headroom"] and s["controller_within_headroom"]
+    assert s["own_worst_s"] == pytest.approx(0.0055, abs=1e-4) and s["machine_worst_s"] == 0.04
+    assert "the machine stalled every process for up to 40.0 ms" in reaction.describe(s)
+    # the same slow read with the machine's stall elsewhere in time: the controller's own
+    s = reaction.summary(h, 0.03, [(50.001, 0.0455)], {0: [[20.0, 0.040]]})
+    assert not s["controller_within_headroom"] and "WORSE THAN THE HEADROOM COVERS" in reaction.describe(s)
+
+
+def test_reads_too_short_to_be_kept_count_as_the_controllers_own():
+    s = reaction.summary(hist(0.001, 0.004), 0.03, [], {})
+    assert s["own_worst_s"] == pytest.approx(0.0045) and s["controller_within_headroom"]
+    assert "machine" not in reaction.describe(s)
