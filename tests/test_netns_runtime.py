@@ -38,6 +38,12 @@ def test_link_down_reconverges_and_link_up_restores(built_lab, lab_name):
     assert (tried, failed) == (56, [])
     labmod.set_link_state(lab, plan, plan.node("leaf1"), "spine1", up=True)
     assert spines_used(plan, "srv2-gpu1", "srv1-gpu0") == {"spine1", "spine2"}
+    # going down flushed both ends' permanent neighbours; coming up wrote them back (no ARP needed)
+    for n, port in (("leaf1", "spine1"), ("spine1", "leaf1")):
+        node = plan.node(n)
+        out = subprocess.run(["ip", "-n", node.namespace, "neigh", "show", "dev", port],
+                             capture_output=True, text=True, check=True).stdout
+        assert f"{node.iface(port).peer_address} lladdr" in out and "PERMANENT" in out, (n, out)
     assert labmod.pingall(plan) == (80, [])
     # the controller's PFC socket on the port that went down said ENETDOWN once: it must live on
     time.sleep(0.5)

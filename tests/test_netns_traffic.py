@@ -234,6 +234,29 @@ def test_incast_loss_is_accounted_by_the_receiver(lab, tmp_path):
     assert int(rows[-1]["drops"]) > 0
 
 
+def test_a_collective_that_stopped_moving_gives_up_long_before_its_deadline(lab, tmp_path):
+    """No `timeout` given and the receiver's link down: its message never comes. The run gives up
+    once nothing has arrived for 2 x the bound (at least 10 s), not at the deadline (100 x the bound
+    + 60 s, there for slow but moving runs: an emulated CPU runs the agents 5-10x slower)."""
+    from labctl.traffic.run import time_outs
+    plan, d = lab
+    w = workload(tmp_path, "name: sr\ncollective: sendrecv\nsizes: [1MB]\n"
+                           "participants: [srv2-gpu0, srv1-gpu0]\n")
+    labmod.set_link_state(d, plan, plan.node("leaf1"), "srv1-gpu0", up=False)
+    try:
+        t0 = time.monotonic()
+        doc = run_workload(plan, d, w, tmp_path / "run")
+        took = time.monotonic() - t0
+    finally:
+        labmod.set_link_state(d, plan, plan.node("leaf1"), "srv1-gpu0", up=True)
+    (r,) = doc["results"]
+    deadline, quiet = time_outs(None, r["ideal_s"])
+    assert r["timed_out"] and r["wrong"] >= 1, r
+    assert deadline > 60 and quiet == 10.0, (deadline, quiet)
+    assert quiet < took < quiet + 10, took
+    assert labmod.pingall(plan, "backend")[1] == []       # the shared lab is whole again
+
+
 NFT_MARK_CE = """table ip labctl_test {
   chain forward {
     type filter hook forward priority 0; policy accept;

@@ -37,8 +37,8 @@ class Backend:
         """Remove everything the lab's journal lists; returns the namespaces removed."""
         raise NotImplementedError
 
-    def set_link(self, node: Node, iface: Interface, up: bool) -> None:
-        netconf.set_link(node, iface, up)
+    def set_link(self, node: Node, iface: Interface, up: bool, neighbours: list = ()) -> None:
+        netconf.set_link(node, iface, up, neighbours)
 
     def replace_routes(self, node: Node, old: list[Route], new: list[Route]) -> int:
         return netconf.replace_routes(node, old, new)

@@ -32,18 +32,24 @@ def entry(ifindex: int, address: str, mac: str) -> tuple[int, int, bytes]:
 
 def of_node(plan: LabPlan, node_name: str) -> list[tuple[tuple, str]]:
     """(request, description) for every neighbour of the node's addressed ports."""
-    node = plan.node(node_name)
     members = _segment_members(plan)
-    out = []
-    for i in node.interfaces:
-        if not i.address:
-            continue                              # a bridge's own port: it has no IP neighbours
-        if i.peer_address:
-            peers = [(i.peer_address, plan.node(i.peer_node).iface(i.peer_iface).mac)]
-        else:
-            peers = [(a, m) for a, m in members.get(i.link, []) if a != i.address.split("/")[0]]
-        out += [(entry(i.index, a, m), f"{node.name}:{i.name}: neighbour {a}") for a, m in peers]
-    return out
+    return [r for i in plan.node(node_name).interfaces for r in _of_port(plan, node_name, i, members)]
+
+
+def of_port(plan: LabPlan, node_name: str, iface_name: str) -> list[tuple[tuple, str]]:
+    """The same for one port: what a port brought down and up again needs back (the kernel flushes
+    a port's neighbours, permanent ones too, when it goes down)."""
+    return _of_port(plan, node_name, plan.node(node_name).iface(iface_name), _segment_members(plan))
+
+
+def _of_port(plan: LabPlan, node_name: str, i, members: dict) -> list[tuple[tuple, str]]:
+    if not i.address:
+        return []                                 # a bridge's own port: it has no IP neighbours
+    if i.peer_address:
+        peers = [(i.peer_address, plan.node(i.peer_node).iface(i.peer_iface).mac)]
+    else:
+        peers = [(a, m) for a, m in members.get(i.link, []) if a != i.address.split("/")[0]]
+    return [(entry(i.index, a, m), f"{node_name}:{i.name}: neighbour {a}") for a, m in peers]
 
 
 def _segment_members(plan: LabPlan) -> dict[int, list[tuple[str, str]]]:

@@ -124,11 +124,12 @@ def commit_in(namespace: str, requests: list[tuple[tuple, str]]) -> int:
     return len(requests)
 
 
-def set_link(node: Node, iface: Interface, up: bool) -> None:
-    """Administratively bring one port up or down (both ends make a link failure)."""
+def set_link(node: Node, iface: Interface, up: bool, neighbours: list = ()) -> None:
+    """Administratively bring one port up or down (both ends make a link failure); coming up, with
+    its permanent neighbours again (going down flushed them)."""
     kind, _, _ = rtnl.link_up(iface.index)
     commit_in(node.namespace, [((kind, CHANGE, rtnl.ifinfo(iface.index, rtnl.IFF_UP if up else 0, rtnl.IFF_UP)),
-                                f"{node.name}: {'up' if up else 'down'} {iface.name}")])
+                                f"{node.name}: {'up' if up else 'down'} {iface.name}")] + (list(neighbours) if up else []))
 
 
 def replace_routes(node: Node, old: list, new: list) -> int:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from labctl import state
+from labctl.backends import neighbours
 from labctl.errors import LabError
 from labctl.lifecycle.labs import backend_of
 from labctl.plan.model import LabPlan, Node
@@ -22,7 +23,7 @@ def set_link_state(lab: state.LabDir, plan: LabPlan, node: Node, iface: str, up:
     old = routes_without(plan, down)
     down = down - {port.link} if up else down | {port.link}
     for n, i in ((node, port), (peer, peer.iface(port.peer_iface))):
-        backend.set_link(n, i, up)
+        backend.set_link(n, i, up, neighbours.of_port(plan, n.name, i.name))
     # recorded before the routes move: if reconverging fails, the next call still knows the link's state
     lab.write_state(links_down=sorted(down))
     new = routes_without(plan, down)

@@ -150,12 +150,13 @@ class AgentPool:
                 got[rank] = msg
         return got
 
-    def run(self, schedule: Schedule, op: int, timeout: float) -> dict[int, dict]:
+    def run(self, schedule: Schedule, op: int, timeout: float, quiet: float | None = None) -> dict[int, dict]:
         """Run one schedule on the agents; returns each rank's report.
 
         Every operation numbers its transfers from 0, and an agent remembers what arrived: the
         ids on the wire (the immediate data) carry the operation's number too, so that a step of
-        the next operation never finds its input already "arrived" from the one before."""
+        the next operation never finds its input already "arrived" from the one before.
+        An agent gives up at `timeout`, or once nothing has reached it for `quiet` seconds."""
         if len(schedule.transfers) > ID_MASK:
             raise LabError(f"one operation of {len(schedule.transfers):,} transfers is more than "
                            f"{ID_MASK:,}: use a larger slice (options.slice) or fewer ranks")
@@ -175,7 +176,8 @@ class AgentPool:
             per_rank[t.dst]["recvs"].append(tag | t.id)
         start = time.monotonic() + 0.05 + 0.002 * len(schedule.ranks)
         for r in schedule.ranks:
-            self._send(r, {"cmd": "run", "op": op, "start": start, "timeout": timeout, "rto": self.rto,
+            self._send(r, {"cmd": "run", "op": op, "start": start, "timeout": timeout,
+                           "quiet": timeout if quiet is None else quiet, "rto": self.rto,
                            **per_rank[r]})
         reports = self._collect("done", len(schedule.ranks), timeout + 30)
         for rep in reports.values():         # back to the schedule's own ids

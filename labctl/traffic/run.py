@@ -190,8 +190,8 @@ def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Pa
     try:
         for k, op in enumerate(ops):
             ideal = ideal_seconds(plan, op.schedule, nodes, alpha)
-            timeout = w.options.timeout / 1e9 if w.options.timeout else 10 * ideal + 10
-            reports = pool.run(op.schedule, k, timeout)
+            timeout, quiet = time_outs(w.options.timeout, ideal)
+            reports = pool.run(op.schedule, k, timeout, quiet)
             if progress:
                 progress(k + 1, len(ops), op.label)
             if op.warmup:
@@ -234,6 +234,19 @@ def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Pa
         doc["fabric_paths"] = placement.fabric_paths(plan, trace, pairs, w.options.qps, w.options.sport)
     (out_dir / "results.json").write_text(json.dumps(doc, indent=1))
     return doc
+
+
+# With no `timeout` given, an operation may take up to SLOW_FACTOR x its bound as long as it moves,
+# and stops once nothing has reached an agent for QUIET_FACTOR x its bound (at least QUIET_MIN_S).
+# A fixed 10x the bound cut off slow but healthy all-reduces on an emulated CPU (11x at 64 MB).
+SLOW_FACTOR, QUIET_FACTOR, QUIET_MIN_S = 100, 2, 10.0
+
+
+def time_outs(given_ns: int | None, ideal: float) -> tuple[float, float]:
+    """(deadline, quiet) in seconds for one operation: a given `timeout` is both."""
+    if given_ns:
+        return given_ns / 1e9, given_ns / 1e9
+    return SLOW_FACTOR * ideal + 60, max(QUIET_MIN_S, QUIET_FACTOR * ideal)
 
 
 def _result(plan: LabPlan, op: Op, ideal: float, reports: dict) -> dict:

@@ -71,7 +71,8 @@ class Options(Strict):
     alpha: Annotated[int, BeforeValidator(parse_duration_ns)] = Field(
         0, description="per-step latency of the α-β model in real-fabric time, e.g. 5us")
     timeout: Annotated[int, BeforeValidator(parse_duration_ns)] | None = Field(
-        None, description="per operation in lab time (default: 10 x ideal + 10 s)")
+        None, description="per operation in lab time (default: give up once nothing has arrived for "
+                          "2 x ideal, at least 10 s, or at 100 x ideal + 60 s)")
 
 
 class Flow(Strict):
