@@ -179,7 +179,8 @@ def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Pa
     with procs.realtime():
         losses_before = ledger.snapshot(plan, lab.path)
     reactions_before, since = reaction.read(lab.path), time.monotonic()
-    stalls = StallWatch().start()
+    # only where a controller runs: the watchers cost a few % of a core, and only its reaction needs them
+    stalls = StallWatch((lab.path / "pfc.json").exists()).start()
     try:
         pool = AgentPool(plan, lab, ranks, options) if ops else None
     except BaseException:
