@@ -70,10 +70,10 @@ if [ "$demo" -eq 1 ]; then
   trap 'labctl down "$lab" >/dev/null 2>&1 || true' EXIT
   sets=()
   if [ "$(systemd-detect-virt --vm 2>/dev/null)" = qemu ]; then
-    # an emulated CPU (QEMU without KVM) runs the agents 5-10x slower, and at dilation 4000 the
-    # 64 MB size can outlast its time-out (10x the bound). Half the lab rate doubles the bound
-    # (measured under TCG: 3-9x it); at 16000 the links are no faster than the agents, and pauses
-    # behind the slow controller held the all-reduce up to 9x the bound again.
+    # an emulated CPU (QEMU without KVM) runs the agents 5-10x slower: at dilation 4000 the
+    # all-reduce ran at 6-12x its bound. Half the lab rate doubles the bound (measured under TCG:
+    # 3-18x it, 384-827 s); at 16000 the links are no faster than the agents, and pauses behind
+    # the slow controller held the all-reduce up to 9x the bound again.
     sets=(--set dilation=8000)
     say "emulated CPU (QEMU without KVM): the lab runs at dilation 8000, every rate 2x lower"
   fi
