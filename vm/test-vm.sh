@@ -131,7 +131,22 @@ fi
 t=$(date +%s)
 say "vagrant up (accel ${LABCTL_VM_ACCEL:-auto})"
 # vagrant-libvirt redraws its upload progress thousands of times on one line: keep the log readable
-vg up --provider=libvirt | sed -u 's/\x1b\[KProgress: [0-9]*%//g'
+export LABCTL_VM_CONSOLE="$run/console.log"     # the guest's serial console (Vagrantfile)
+up() { vg up --provider=libvirt | sed -u 's/\x1b\[KProgress: [0-9]*%//g'; }
+if ! up; then
+  # once in CI a TCG guest never asked for an address within the 900 s boot time-out; its console
+  # was not kept then. Now it is shown, and the boot is tried once more, in the log for all to see.
+  say "vagrant up failed after $(( $(date +%s) - t )) s; the guest's console ended with:"
+  tail -n 40 "$LABCTL_VM_CONSOLE" 2>/dev/null || echo "(no console output)"
+  vg destroy -f || true
+  say "vagrant up: one more try"
+  t=$(date +%s)
+  if ! up; then
+    say "vagrant up failed twice; the guest's console ended with:"
+    tail -n 40 "$LABCTL_VM_CONSOLE" 2>/dev/null || echo "(no console output)"
+    exit 1
+  fi
+fi
 say "vagrant up in $(( $(date +%s) - t )) s"
 
 failed=()
