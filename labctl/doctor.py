@@ -61,6 +61,7 @@ def probe_kernel() -> dict[str, bool]:
         found["esp"] = _probe_esp(name)
         found["nftables"] = _probe_nft(name)
         found.update(_probe_multipath_hash(name))
+        found["bpf_flow_hash"] = _probe_flow_hash(sock_ns=name)
         with nsutil.entered(name):
             found["rps_default_mask"] = rps.set_default(rps.cpu_mask())
     finally:
@@ -102,6 +103,28 @@ def _probe_multipath_hash(name: str) -> dict[str, bool]:
     return found
 
 
+def _probe_flow_hash(sock_ns: str) -> bool:
+    """labctl's ECMP hash: the program loads and attaches to a port's ingress (the scratch lo)."""
+    from labctl.backends import flowhash
+    from labctl.errors import LabError
+    from labctl.plan.flowhash import FlowHash
+    try:
+        fd = flowhash.load(FlowHash(l4=True, seed=1))
+    except LabError:
+        return False
+    try:
+        with nsutil.netlink_socket(sock_ns) as sock:
+            batch = rtnl.Batch(sock)
+            for request, what in flowhash.port_requests(1, fd, "lo"):
+                batch.add(request, what)
+            batch.commit()
+        return True
+    except rtnl.NetlinkError:
+        return False
+    finally:
+        os.close(fd)
+
+
 def _delete_root_qdisc(sock: socket.socket, index: int) -> None:
     body = rtnl._tcmsg(index, 0, rtnl.TC_H_ROOT)
     b = rtnl.Batch(sock)
@@ -140,13 +163,7 @@ def features(k: dict[str, bool]) -> list[dict]:
          "status": "in use" if k.get("veth") else "MISSING: labctl cannot run"},
         {"feature": "shaping", "mechanism": "HTB class at the dilated link rate, burst 1 ms, bfifo leaf",
          "status": "in use" if k.get("htb") and k.get("bfifo") else "MISSING: labctl cannot shape"},
-        {"feature": "ECMP", "mechanism": "multipath routes hashing "
-                                         + ("each packet's 5-tuple (fib_multipath_hash_policy=3)" if
-                                            k.get("hash_fields", True) else "L4 (policy 1: a local TCP "
-                                            "socket's random hash picks its path)")
-                                         + (", fixed seed" if k.get("hash_seed", True) else
-                                            ", seed random per boot (no fib_multipath_hash_seed)"),
-         "status": "in use"},
+        _ecmp(k),
         {"feature": "RoCEv2 traffic", "mechanism": "agents in GPU namespaces: UDP 4791 sockets, "
                                                   + ("GSO sends cut into frames at the host veth" if
                                                      k.get("udp_gso_no_csum", True) else
@@ -208,6 +225,27 @@ def features(k: dict[str, bool]) -> list[dict]:
                                                           "per flow), driven by threads of `labctl run`",
          "status": "in use"},
     ]
+
+
+def _ecmp(k: dict[str, bool]) -> dict:
+    from labctl.backends import flowhash
+    engine = flowhash.engine()
+    forced = os.environ.get(flowhash.ENV, "auto") not in ("", "auto")
+    why = f"{flowhash.ENV}={engine}" if forced else "this kernel has no fib_multipath_hash_seed"
+    if engine == "bpf":
+        return {"feature": "ECMP", "mechanism": "multipath routes placing each packet by labctl's seeded 5-tuple "
+                                                "hash, set by a tc BPF program on every router port "
+                                                f"(fib_multipath_hash_policy=1; {why}): the same draw on every "
+                                                "boot and kernel", "status": "in use" if k.get("bpf_flow_hash", True)
+                else f"FAILED: the program did not load here; set {flowhash.ENV}=kernel"}
+    return {"feature": "ECMP", "mechanism": "multipath routes hashing "
+                                            + ("each packet's 5-tuple (fib_multipath_hash_policy=3)" if
+                                               k.get("hash_fields", True) else "L4 (policy 1: a local TCP "
+                                               "socket's random hash picks its path)")
+                                            + (", fixed seed" if k.get("hash_seed", True) else
+                                               f", seed random per boot (no fib_multipath_hash_seed; {flowhash.ENV}"
+                                               "=bpf fixes it)"),
+            "status": "in use"}
 
 
 def _mininet_status() -> str:

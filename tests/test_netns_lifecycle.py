@@ -142,5 +142,13 @@ def test_doctor_finds_what_this_kernel_has_and_leaves_nothing(state_dir):
     assert ("(no netem here)" in features["WAN delay, loss, jitter"]["mechanism"]) == (not kernel["netem"])
     assert "user-space ESP" in features["WAN encryption"]["mechanism"]
     assert all(f["status"] == "in use" for f in report["features"]
-               if f["feature"] in ("ECN marking", "PFC pause", "WAN delay, loss, jitter", "WAN encryption"))
+               if f["feature"] in ("ECN marking", "PFC pause", "WAN delay, loss, jitter", "WAN encryption", "ECMP"))
+    seeded = os.path.exists("/proc/sys/net/ipv4/fib_multipath_hash_seed")
+    assert ("fixed seed" in features["ECMP"]["mechanism"]) == seeded
+    assert ("tc BPF program" in features["ECMP"]["mechanism"]) == (not seeded)
+    # labctl's own hash, asked for: doctor loads and attaches the program for real to say "in use"
+    forced = labctl("doctor", "--json", env={**os.environ, "LABCTL_ECMP_HASH": "bpf"})
+    ecmp = next(f for f in json.loads(forced.stdout)["features"] if f["feature"] == "ECMP")
+    assert "tc BPF program" in ecmp["mechanism"] and "LABCTL_ECMP_HASH=bpf" in ecmp["mechanism"]
+    assert ecmp["status"] == "in use"
     assert set(lab_namespaces("")) == before

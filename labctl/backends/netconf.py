@@ -11,7 +11,7 @@ import os
 import socket
 import time
 
-from labctl.backends import nft, nsutil, rtnl
+from labctl.backends import flowhash, nft, nsutil, rtnl
 from labctl.errors import LabError
 from labctl.plan import qos
 from labctl.plan.model import Interface, Node
@@ -39,6 +39,10 @@ def configure(node: Node, nl: socket.socket, ioctl: socket.socket, extra: list =
     # it and waits for an RCU grace period (~1 ms each; at 1,024 GPUs most of `up`'s time)
     for iface in node.interfaces:
         add_shaping(batch, node, iface)
+    program = flowhash.load(node.flow_hash) if node.flow_hash else None
+    for iface in node.interfaces if program is not None else ():
+        for request, what in flowhash.port_requests(iface.index, program, f"{node.name}:{iface.name}"):
+            batch.add(request, what)
     batch.add(rtnl.link_up(1), f"{node.name}: bringing up lo")
     if node.bridged:
         mtu = max((i.mtu for i in node.interfaces), default=1500)
@@ -58,7 +62,11 @@ def configure(node: Node, nl: socket.socket, ioctl: socket.socket, extra: list =
                   f"{node.name}: route {route.dst}")
     for request, what in extra:
         batch.add(request, what)
-    commit(batch)
+    try:
+        commit(batch)
+    finally:
+        if program is not None:
+            os.close(program)     # the ports' filters hold the program now
 
 
 def add_shaping(batch: rtnl.Batch, node: Node, iface: Interface) -> None:

@@ -312,6 +312,31 @@ def route_get(sock: socket.socket, dst: str, src: str | None = None, iif: int | 
     return out
 
 
+RTM_F_FIB_MATCH, RTA_NH_ID = 0x2000, 30
+RTNH_F_DEAD = 0x1
+
+
+def route_fib_match(sock: socket.socket, dst: str, src: str, iif: int) -> tuple[list[dict], bool]:
+    """The route a packet from `src` arriving on `iif` matches (`ip route get fibmatch`): its next
+    hops in the kernel's order, each {oif, gateway, weight, dead}, and whether it is a nexthop group."""
+    body = struct.pack("BBBBBBBBI", socket.AF_INET, 32, 32, 0, 0, 0, 0, 0, RTM_F_FIB_MATCH)
+    body += attr(RTA_DST, ip4(dst)) + attr(RTA_SRC, ip4(src)) + attr(RTA_IIF, u32(iif))
+    reply = request(sock, RTM_GETROUTE, NLM_F_REQUEST, body)
+    attrs = parse_attrs(reply, 12)
+    gateway = lambda a: socket.inet_ntoa(a[RTA_GATEWAY]) if RTA_GATEWAY in a else None   # noqa: E731
+    if RTA_MULTIPATH not in attrs:
+        oif = struct.unpack("I", attrs[RTA_OIF])[0] if RTA_OIF in attrs else None
+        return [{"oif": oif, "gateway": gateway(attrs), "weight": 1, "dead": False}], RTA_NH_ID in attrs
+    hops, data, offset = [], attrs[RTA_MULTIPATH], 0
+    while offset + 8 <= len(data):
+        length, flags, weight_less_one, oif = struct.unpack_from("HBBi", data, offset)
+        inner = parse_attrs(data[offset:offset + length], 8)
+        hops.append({"oif": oif, "gateway": gateway(inner), "weight": weight_less_one + 1,
+                     "dead": bool(flags & RTNH_F_DEAD)})
+        offset += _align(length)
+    return hops, RTA_NH_ID in attrs
+
+
 EEXIST = errno.EEXIST
 
 

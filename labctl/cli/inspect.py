@@ -92,9 +92,11 @@ def exec_(node, command, lab_name):
 @click.option("--dport", type=click.IntRange(0, 65535), default=4791, show_default=True,
               help="UDP destination port (4791 = RoCEv2)")
 def route(node, dest, lab_name, sport, dport):
-    """Show the path a UDP flow takes, hop by hop, as the kernel's ECMP hash decides it.
+    """Show the path a UDP flow takes, hop by hop, as each switch's ECMP hash decides it.
 
     DEST is a node name or an address. Try several --sport values to see flows spread over spines.
+    On kernels before 6.11 the switches place packets by labctl's own seeded hash (see `labctl
+    doctor`): this command computes it, where `ip route get` inside a switch would not.
 
     \b
     Example:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from labctl.backends import nsutil, rtnl
+from labctl.backends import flowhash, nsutil, rtnl
 from labctl.errors import LabError
 from labctl.kinds import fabric_kind, node_kind
 from labctl.lifecycle import targets
@@ -30,7 +30,10 @@ def trace_path(plan: LabPlan, start: str, dest: str, sport: int | None, dport: i
         with nsutil.entered(node.namespace):
             sock = rtnl.open_socket()
         try:
-            got = rtnl.route_get(sock, dst, src=src, iif=iif, proto=proto, sport=sport, dport=dport)
+            if node.flow_hash and iif is not None:      # forwarded by labctl's hash, not the kernel's
+                got = flowhash.next_hop(sock, node.flow_hash, dst, src, iif, proto, sport, dport)
+            else:
+                got = rtnl.route_get(sock, dst, src=src, iif=iif, proto=proto, sport=sport, dport=dport)
         except rtnl.NetlinkError as exc:
             raise LabError(f"{node.name} cannot route to {dst}: {os.strerror(exc.code)}") from None
         finally:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, is_dataclass
 
+from labctl.plan.flowhash import FlowHash
+
 
 @dataclass
 class ClassPlan:
@@ -91,6 +93,7 @@ class Node:
     exec: list[list[str]] = field(default_factory=list)   # argv lists run inside the node after it is cabled
     static_routes: bool = True   # False: it routes for itself (FRR), labctl installs no routes there
     numbered: bool = True        # False: its exec lines address its ports, the plan gives them none
+    flow_hash: FlowHash | None = None   # labctl's ECMP hash on its ports (kernels without a seed: plan/flowhash.py)
 
     @property
     def switching(self) -> bool:
@@ -215,7 +218,9 @@ class LabPlan:
                 ClassPlan(**c) for c in i["shaping"].get("classes", [])]})}) for i in n["interfaces"]]
             routes = [Route(r["dst"], [NextHop(**h) for h in r["nexthops"]]) for r in n["routes"]]
             container = Container(**n["container"]) if n.get("container") else None
-            nodes.append(Node(**{**n, "interfaces": ifaces, "routes": routes, "container": container}))
+            flow_hash = FlowHash(**n["flow_hash"]) if n.get("flow_hash") else None
+            nodes.append(Node(**{**n, "interfaces": ifaces, "routes": routes, "container": container,
+                                 "flow_hash": flow_hash}))
         return cls(d["lab"], d["description"], d["dilation"], d["template"],
                    {k: FabricPlan(**v) for k, v in d["fabrics"].items()}, nodes,
                    [Link(**{**lk, "wire": Wire(**lk["wire"]) if lk.get("wire") else None}) for lk in d["links"]], EcnPlan(**d["ecn"]) if "ecn" in d else EcnPlan(

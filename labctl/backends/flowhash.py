@@ -1,0 +1,261 @@
+"""The kernel side of labctl's own ECMP flow hash (plan/flowhash.py says why and what it computes).
+
+Three parts: which hash a lab uses on this machine (`engine`), the tc program that sets each
+packet's hash on a router's ports (assembled here as eBPF instructions and loaded with the bpf()
+system call: no compiler is needed, and the function stays the one plan/flowhash.py computes),
+and the route lookup that applies it (`next_hop`) for `labctl route`.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import socket
+import struct
+import sys
+
+from labctl.backends import rtnl
+from labctl.errors import LabError
+from labctl.plan.flowhash import FINAL_STEPS, GOLDEN, FlowHash, hash32, initial, select, select_in_group
+
+ENV = "LABCTL_ECMP_HASH"
+ENGINES = ("auto", "kernel", "bpf")
+SEED_SYSCTL = "/proc/sys/net/ipv4/fib_multipath_hash_seed"
+_BPF_SYSCALL = {"x86_64": 321, "aarch64": 280}
+
+
+def engine() -> str:
+    """"kernel" (the kernel's hash with its seed fixed) or "bpf" (labctl's): `auto` picks the
+    kernel's where it has a settable seed (6.11+), and LABCTL_ECMP_HASH can force either."""
+    wanted = os.environ.get(ENV, "auto") or "auto"
+    if wanted not in ENGINES:
+        raise LabError(f"{ENV}={wanted!r} is not an ECMP hash engine",
+                       f"set {ENV} to one of {', '.join(ENGINES)} (or leave it unset: auto)")
+    if wanted != "auto":
+        return wanted
+    if os.path.exists(SEED_SYSCTL) or platform.machine() not in _BPF_SYSCALL:
+        return "kernel"
+    return "bpf"
+
+
+def adopt(plan, hash_policy: int, hash_seed: int) -> None:
+    """Give the plan's routers labctl's hash if this machine uses it: policy 1, under which the
+    kernel places a forwarded packet by the L4 hash the program set (policy 3 would ignore it)."""
+    if engine() != "bpf":
+        return
+    for node in plan.nodes:
+        if not node.forwarding or node.bridged:
+            continue
+        node.flow_hash = FlowHash(l4=hash_policy == 1, seed=hash_seed)
+        node.sysctls = {k: v for k, v in node.sysctls.items()
+                        if k not in ("net.ipv4.fib_multipath_hash_fields", "net.ipv4.fib_multipath_hash_seed")}
+        node.sysctls["net.ipv4.fib_multipath_hash_policy"] = "1"
+
+
+# --- the program -------------------------------------------------------------------------------
+# __sk_buff offsets (linux/bpf.h) and the one helper used
+SKB_DATA, SKB_DATA_END = 76, 80
+BPF_FUNC_SET_HASH = 48
+TC_ACT_UNSPEC = -1          # let the port's next filter (if any) classify as it would have
+
+
+class _Asm:
+    """Just enough of an eBPF assembler: instructions, labels and forward jumps."""
+
+    def __init__(self):
+        self.code: list = []
+
+    def op(self, code: int, dst: int = 0, src: int = 0, off: int = 0, imm: int = 0):
+        self.code.append((code, dst, src, off, imm))
+
+    def jump(self, code: int, dst: int, label: str, src: int = 0, imm: int = 0):
+        self.code.append((code, dst, src, label, imm))
+
+    def label(self, name: str):
+        self.code.append(name)
+
+    def ld64(self, dst: int, value: int):
+        self.code.append(("ld64", dst, value))
+
+    def assemble(self) -> bytes:
+        where, slot = {}, 0
+        for item in self.code:
+            if isinstance(item, str):
+                where[item] = slot
+            else:
+                slot += 2 if item[0] == "ld64" else 1
+        out, slot = [], 0
+        for item in self.code:
+            if isinstance(item, str):
+                continue
+            if item[0] == "ld64":
+                _, dst, value = item
+                out += [_insn(0x18, dst, 0, 0, _s32(value & 0xFFFFFFFF)), _insn(0, 0, 0, 0, _s32(value >> 32))]
+                slot += 2
+                continue
+            code, dst, src, off, imm = item
+            slot += 1
+            if isinstance(off, str):
+                off = where[off] - slot
+            out.append(_insn(code, dst, src, off, imm))
+        return b"".join(out)
+
+
+def _s32(v: int) -> int:
+    return v - (1 << 32) if v >= 1 << 31 else v
+
+
+def _insn(code: int, dst: int, src: int, off: int, imm: int) -> bytes:
+    regs = (src << 4 | dst) if sys.byteorder == "little" else (dst << 4 | src)
+    return struct.pack("=BBhi", code, regs, off, imm)
+
+
+# opcodes (linux/bpf_common.h): 64-bit ALU with an immediate (K) or a register (X), loads, jumps
+MOV_X, MOV_K, ADD_X, ADD_K, AND_K, OR_X, XOR_X, MUL_X, LSH_K, RSH_K = \
+    0xBF, 0xB7, 0x0F, 0x07, 0x57, 0x4F, 0xAF, 0x2F, 0x67, 0x77
+BE = 0xDC                                   # to network order (a no-op on a big-endian CPU)
+LDX_W, LDX_H, LDX_B = 0x61, 0x69, 0x71
+JA, JEQ_K, JNE_K, JLT_K, JGT_X, CALL, EXIT = 0x05, 0x15, 0x55, 0xA5, 0x2D, 0x85, 0x95
+R0, R1, R2, R3, R4, R5, R6, R7, R8, R9 = range(10)
+ETH, IP_MIN = 14, 20
+
+
+def program(fh: FlowHash) -> bytes:
+    """The tc program: parse Ethernet/IPv4 (and TCP/UDP ports when hashing L4) with the bounds
+    checks the verifier wants, hash as plan/flowhash.hash32 does, bpf_set_hash(), carry on."""
+    a = _Asm()
+
+    def absorb(reg: int):
+        a.op(XOR_X, R9, reg)
+        a.ld64(R1, GOLDEN)
+        a.op(MUL_X, R9, R1)
+        a.op(MOV_X, R0, R9)
+        a.op(RSH_K, R0, imm=32)
+        a.op(XOR_X, R9, R0)
+
+    a.op(MOV_X, R6, R1)
+    a.op(LDX_W, R7, R6, SKB_DATA)
+    a.op(LDX_W, R8, R6, SKB_DATA_END)
+    a.op(MOV_X, R2, R7)
+    a.op(ADD_K, R2, imm=ETH + IP_MIN)
+    a.jump(JGT_X, R2, "out", src=R8)
+    a.op(LDX_B, R2, R7, 12)                     # ethertype, byte by byte: no endianness to mind
+    a.op(LDX_B, R3, R7, 13)
+    a.op(LSH_K, R2, imm=8)
+    a.op(OR_X, R2, R3)
+    a.jump(JNE_K, R2, "out", imm=0x0800)
+    a.op(LDX_B, R2, R7, ETH)                    # version and header length
+    a.op(MOV_X, R3, R2)
+    a.op(RSH_K, R3, imm=4)
+    a.jump(JNE_K, R3, "out", imm=4)
+    a.op(AND_K, R2, imm=0x0F)
+    a.jump(JLT_K, R2, "out", imm=5)
+    a.op(LSH_K, R2, imm=2)                      # IP header bytes, 20..60
+    a.ld64(R9, initial(fh))
+    for offset in (ETH + 12, ETH + 16):         # source, destination address
+        a.op(LDX_W, R3, R7, offset)
+        a.op(BE, R3, imm=32)
+        absorb(R3)
+    if fh.l4:
+        a.op(LDX_B, R4, R7, ETH + 9)            # protocol
+        a.op(MOV_K, R5, imm=0)                  # ports: none unless TCP/UDP, unfragmented
+        a.jump(JEQ_K, R4, "ports", imm=6)
+        a.jump(JEQ_K, R4, "ports", imm=17)
+        a.jump(JA, 0, "mix")
+        a.label("ports")
+        a.op(LDX_H, R3, R7, ETH + 6)            # flags and fragment offset
+        a.op(BE, R3, imm=16)
+        a.op(AND_K, R3, imm=0x3FFF)             # more fragments, or not the first
+        a.jump(JNE_K, R3, "mix", imm=0)
+        a.op(MOV_X, R3, R7)
+        a.op(ADD_X, R3, R2)
+        a.op(ADD_K, R3, imm=ETH)
+        a.op(MOV_X, R0, R3)
+        a.op(ADD_K, R0, imm=4)
+        a.jump(JGT_X, R0, "mix", src=R8)
+        a.op(LDX_W, R5, R3, 0)                  # source and destination port
+        a.op(BE, R5, imm=32)
+        a.label("mix")
+        absorb(R4)
+        absorb(R5)
+    for shift, multiplier in FINAL_STEPS:
+        a.op(MOV_X, R0, R9)
+        a.op(RSH_K, R0, imm=shift)
+        a.op(XOR_X, R9, R0)
+        if multiplier:
+            a.ld64(R1, multiplier)
+            a.op(MUL_X, R9, R1)
+    a.op(MOV_X, R1, R6)
+    a.op(MOV_X, R2, R9)                         # the helper takes the low 32 bits
+    a.op(CALL, imm=BPF_FUNC_SET_HASH)
+    a.label("out")
+    a.op(MOV_K, R0, imm=TC_ACT_UNSPEC)
+    a.op(EXIT)
+    return a.assemble()
+
+
+BPF_PROG_LOAD, BPF_PROG_TYPE_SCHED_CLS = 5, 3
+
+
+def load(fh: FlowHash) -> int:
+    """The program for `fh`, loaded: a descriptor the caller closes once filters hold it."""
+    nr = _BPF_SYSCALL.get(platform.machine())
+    if nr is None:
+        raise LabError(f"labctl's ECMP hash cannot load on a {platform.machine()} CPU",
+                       f"set {ENV}=kernel (the kernel's hash, with a seed random per boot before 6.11)")
+    code = program(fh)
+    insns = ctypes.create_string_buffer(code, len(code))
+    licence = ctypes.create_string_buffer(b"GPL")     # bpf_set_hash is a GPL-only helper
+    log = ctypes.create_string_buffer(1 << 16)
+    libc = ctypes.CDLL(None, use_errno=True)
+    for level in (0, 1):                               # the verifier's log only when it refuses
+        attr = struct.pack("=IIQQIIQII16s", BPF_PROG_TYPE_SCHED_CLS, len(code) // 8, ctypes.addressof(insns),
+                           ctypes.addressof(licence), level, len(log) if level else 0,
+                           ctypes.addressof(log) if level else 0, 0, 0, b"labctl_ecmp")
+        buf = ctypes.create_string_buffer(attr, 128)
+        fd = libc.syscall(ctypes.c_long(nr), ctypes.c_int(BPF_PROG_LOAD), buf, ctypes.c_uint(128))
+        if fd >= 0:
+            return fd
+        err = ctypes.get_errno()
+    raise LabError(f"the kernel refused labctl's ECMP hash program: {os.strerror(err)}: "
+                   f"{log.value.decode(errors='replace')[-400:]}",
+                   f"set {ENV}=kernel to use the kernel's hash (seed random per boot before 6.11)")
+
+
+# --- attaching it ------------------------------------------------------------------------------
+RTM_NEWTFILTER = 44
+TC_H_CLSACT, CLSACT_HANDLE, CLSACT_INGRESS = 0xFFFFFFF1, 0xFFFF0000, 0xFFFFFFF2
+TCA_BPF_FD, TCA_BPF_NAME, TCA_BPF_FLAGS, TCA_BPF_FLAG_ACT_DIRECT = 6, 7, 8, 1
+ETH_P_IP = 0x0800
+PREF = 1                    # first on the port's ingress, before anything that redirects
+
+
+def port_requests(index: int, fd: int, where: str) -> list[tuple[tuple[int, int, bytes], str]]:
+    """clsact on a port and the program on its ingress (`tc filter add … ingress bpf da`)."""
+    qdisc = rtnl._tcmsg(index, CLSACT_HANDLE, TC_H_CLSACT) + rtnl.attr(rtnl.TCA_KIND, rtnl.cstr("clsact"))
+    head = struct.pack("BxxxiIII", socket.AF_UNSPEC, index, 0, CLSACT_INGRESS, PREF << 16 | socket.htons(ETH_P_IP))
+    options = rtnl.nest(rtnl.TCA_OPTIONS, rtnl.attr(TCA_BPF_FD, rtnl.u32(fd)),
+                        rtnl.attr(TCA_BPF_NAME, rtnl.cstr("labctl_ecmp")),
+                        rtnl.attr(TCA_BPF_FLAGS, rtnl.u32(TCA_BPF_FLAG_ACT_DIRECT)))
+    return [((rtnl.RTM_NEWQDISC, rtnl.CREATE, qdisc), f"{where}: clsact"),
+            ((RTM_NEWTFILTER, rtnl.CREATE, head + rtnl.attr(rtnl.TCA_KIND, rtnl.cstr("bpf")) + options),
+             f"{where}: ECMP hash program")]
+
+
+# --- where it sends a flow -----------------------------------------------------------------------
+def next_hop(sock: socket.socket, fh: FlowHash, dst: str, src: str, iif: int, proto: int,
+             sport: int | None, dport: int | None) -> dict:
+    """The next hop a packet arriving on `iif` takes at a router hashing with `fh`: the route the
+    kernel matches (`ip route get fibmatch`), and among its next hops the one the hash selects."""
+    hops, group = rtnl.route_fib_match(sock, dst, src, iif)
+    if len(hops) == 1:
+        return {k: hops[0][k] for k in ("oif", "gateway") if hops[0].get(k) is not None}
+    ip = lambda a: int.from_bytes(socket.inet_aton(a), "big")   # noqa: E731
+    h = hash32(fh, ip(src), ip(dst), proto, sport or 0, dport or 0)
+    usable = [not hop["dead"] for hop in hops]
+    weights = [hop["weight"] for hop in hops]
+    # a nexthop group (FRR's routes) bounds over every member and skips the down ones at lookup
+    chosen = (select_in_group if group else select)(h, weights, usable)
+    if chosen is None:
+        return {}
+    return {k: hops[chosen][k] for k in ("oif", "gateway") if hops[chosen].get(k) is not None}
