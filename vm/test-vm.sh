@@ -167,7 +167,7 @@ if [ "$mode" = full ]; then
   for e in incast-pfc ecmp-entropy; do
     step "experiment $e" "cd /vagrant && sudo labctl run experiments/$e.yml --out /tmp/$e $slow"
   done
-  step "root test modules" "$shaping"'cd /vagrant && sudo .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_netns_lab.py tests/test_netns_shaping.py -k "$k"'
+  step "root test modules" "$shaping"'cd /vagrant && sudo .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_netns_lab.py tests/test_netns_flowhash.py tests/test_netns_shaping.py -k "$k"'
 fi
 t=$(date +%s)
 vg destroy -f

@@ -181,14 +181,11 @@ def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Pa
     reactions_before, since = reaction.read(lab.path), time.monotonic()
     # only where a controller runs: the watchers cost a few % of a core, and only its reaction needs them
     stalls = StallWatch((lab.path / "pfc.json").exists()).start()
+    pool = sampler = tcp = None
     try:
         pool = AgentPool(plan, lab, ranks, options) if ops else None
-    except BaseException:
-        stalls.stop()
-        raise
-    sampler = QueueSampler(plan, out_dir / "queues.csv", lab_path=lab.path).start()
-    tcp = FlowRun(tcp_flows).start() if tcp_flows else None
-    try:
+        sampler = QueueSampler(plan, out_dir / "queues.csv", lab_path=lab.path).start()
+        tcp = FlowRun(tcp_flows).start() if tcp_flows else None
         for k, op in enumerate(ops):
             ideal = ideal_seconds(plan, op.schedule, nodes, alpha)
             timeout, quiet = time_outs(w.options.timeout, ideal)
@@ -200,8 +197,9 @@ def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Pa
             results.append(_result(plan, op, ideal, reports))
         if tcp is not None and not ops:
             tcp.wait(w.options.timeout / 1e9 if w.options.timeout else None)
-    except BaseException:
-        sampler.close()
+    except BaseException:       # whatever had started stops: watchers, sampler, flows, agents
+        if sampler is not None:
+            sampler.close()
         stalls.stop()
         if tcp is not None:
             tcp.close()
