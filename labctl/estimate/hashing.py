@@ -3,7 +3,8 @@
 The lab hashes as Linux does with `fib_multipath_hash_policy` on L4: the 5-tuple (source and
 destination address, UDP 4791, the source port Linux derives from the QP pair) into a 31-bit
 value, and the next hop whose hash-threshold range holds it (fib_select_multipath: n equal
-ranges). The model keeps all of that except the kernel's keyed hash itself, which is replaced by
+ranges); before 6.11 labctl's own seeded hash (plan/flowhash.py) gives the value instead. The
+model keeps all of that except the keyed hash itself, which is replaced by
 a 64-bit mixer with the same property the estimate relies on: for distinct 5-tuples the values
 are independent and uniform. tests/test_netns_estimate.py checks that assumption against the
 kernel's own choices in a real lab.
