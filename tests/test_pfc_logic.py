@@ -63,6 +63,22 @@ def test_headroom_grows_with_feeders_rate_and_distance():
     assert headroom(100_000_000, 1, 10_000_000, 9014) == 12_500_000 * (0.02 + PFC_RESPONSE_S) + 2 * 9014
 
 
+def test_a_slower_controller_given_by_the_lab_gets_more_headroom_and_reports_against_it():
+    from labctl.plan.compile import compile_plan
+    from labctl.topology import sources
+
+    def spine_port(sets):
+        plan = compile_plan(sources.load("topologies/leaf-spine.yml", ["scale_up=false", "dilation=16000", *sets],
+                                         (), None, None))
+        return plan, next(c for c in plan.node("spine2").iface("leaf1").shaping.classes if c.lossless)
+
+    plan, default = spine_port([])
+    slow_plan, slow = spine_port(["pfc_response=200ms"])
+    assert plan.pfc_response_s == pytest.approx(0.03) and slow_plan.pfc_response_s == pytest.approx(0.2)
+    # three feeding leaves at 25 Mbit/s: 170 ms more of them sits above XOFF
+    assert default.xoff_bytes - slow.xoff_bytes == pytest.approx(3 * 25e6 / 8 * 0.17, abs=2)
+
+
 def test_a_shared_buffer_lowers_xoff_as_it_fills():
     # alpha 1, 2 MB shared: a lone queue pauses at half of it, a busier switch earlier, never past XOFF
     assert pfc.dynamic_xoff(2_600_000, 2_000_000, 1.0, used=0) == 2_000_000

@@ -202,7 +202,7 @@ def shaping(b: Build) -> None:
     """Every port's HTB tree: the link's lab rate, the classes, and each lossless class's XOFF."""
     t = b.topo
     degree = {name: len(n.interfaces) for name, n in b.nodes.items()}
-    response = qos.pfc_response_s(controlled_queues(b))
+    response = qos.pfc_response_s(controlled_queues(b), _measured_response(t))
     for node in b.nodes.values():
         for iface in node.interfaces:
             link, lk = b.links[iface.link], t.links[iface.link]
@@ -257,7 +257,11 @@ def compile_plan(loaded: Loaded) -> model.LabPlan:
     return model.LabPlan(t.name, t.description.strip(), t.dilation, loaded.template, b.fabrics,
                          list(b.nodes.values()), b.links, model.EcnPlan(e.kmin, e.kmax, e.pmax),
                          model.SharedBuffer(t.qos.shared_buffer, t.qos.shared_alpha) if t.qos.shared_buffer else None,
-                         qos.pfc_response_s(controlled_queues(b)), b.segments)
+                         qos.pfc_response_s(controlled_queues(b), _measured_response(t)), b.segments)
+
+
+def _measured_response(t) -> float | None:
+    return t.qos.pfc_response / 1e9 if t.qos.pfc_response is not None else None
 
 
 def routes_without(plan: model.LabPlan, down: set[int]) -> dict[str, list[model.Route]]:

@@ -73,6 +73,10 @@ class Qos(Strict):
     ecn: EcnProfile = EcnProfile()
     pfc: bool = Field(True, description="PFC on the lossless classes of lossless fabrics (false: all lossy)")
     pfc_quanta: int = Field(0xFFFF, ge=1, le=0xFFFF, description="pause time sent at XOFF, in 512-bit quanta")
+    pfc_response: Duration | None = Field(None, description="the controller's worst reaction (lab time from XOFF "
+                                                            "to stopped feeders) the PFC headroom is sized for, "
+                                                            "e.g. 200ms; default 30ms, measured on 2 cores. Raise "
+                                                            "it where the controller runs slower (an emulated CPU)")
     shared_buffer: Size | None = Field(None, description="per switch: buffer the lossless queues of all its ports "
                                                          "share, e.g. 8MB; a queue then pauses its feeders past "
                                                          "shared_alpha x (shared_buffer - used), if below its XOFF")
