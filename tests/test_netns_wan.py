@@ -207,8 +207,18 @@ def test_the_line_holds_what_arrives_while_it_waits_for_a_cpu(built_lab, tmp_pat
     wf.write_text("name: x\ncollective: sendrecv\nsizes: [8MB]\nparticipants: [z1-srv1-gpu0, z2-srv1-gpu0]\n")
     before = {d["name"]: d for d in wan_counters(plan)}
 
+    wan_json = lab.path / "wan.json"
+    sent_before = sum(d["bytes"] for d in before.values())
+
     def stall():
-        time.sleep(0.5)           # the agents are up and sending
+        # once the send is under way (the agents may take over a second to start on a busy machine:
+        # a fixed 0.5 s once stopped the line before any data came)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            moved = sum(d["bytes"] for d in json.loads(wan_json.read_text())["directions"]) - sent_before
+            if moved > 200_000:
+                break
+            time.sleep(0.01)
         os.kill(pid, signal.SIGSTOP)
         time.sleep(0.4)
         os.kill(pid, signal.SIGCONT)
