@@ -79,7 +79,7 @@ def test_the_engine_follows_the_kernel_unless_told(monkeypatch, tmp_path):
     (tmp_path / "present").write_text("0\n")
     assert kernel_side.engine() == "kernel"
     monkeypatch.setattr(kernel_side, "SEED_SYSCTL", str(tmp_path / "absent"))
-    assert kernel_side.engine() == ("bpf" if kernel_side.platform.machine() in kernel_side._BPF_SYSCALL
+    assert kernel_side.engine() == ("bpf" if kernel_side.ebpf.supported()
                                     else "kernel")
     for forced in ("kernel", "bpf"):
         monkeypatch.setenv(kernel_side.ENV, forced)

@@ -7,21 +7,22 @@ and the route lookup that applies it (`next_hop`) for `labctl route`.
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import platform
 import socket
 import struct
-import sys
 
-from labctl.backends import rtnl
+from labctl.backends import ebpf, rtnl
+from labctl.backends.ebpf import (ADD_K, ADD_X, AND_K, BE, BPF_FUNC_SET_HASH, CALL, EXIT, JA, JEQ_K, JGT_X,
+                                  JLT_K, JNE_K, LDX_B, LDX_H, LDX_W, LSH_K, MOV_K, MOV_X, MUL_X, OR_X, R0, R1,
+                                  R2, R3, R4, R5, R6, R7, R8, R9, RSH_K, SKB_DATA, SKB_DATA_END, TC_ACT_UNSPEC,
+                                  XOR_X, Asm)
 from labctl.errors import LabError
 from labctl.plan.flowhash import FINAL_STEPS, GOLDEN, FlowHash, hash32, initial, select, select_in_group
 
 ENV = "LABCTL_ECMP_HASH"
 ENGINES = ("auto", "kernel", "bpf")
 SEED_SYSCTL = "/proc/sys/net/ipv4/fib_multipath_hash_seed"
-_BPF_SYSCALL = {"x86_64": 321, "aarch64": 280}
 
 
 def engine() -> str:
@@ -33,7 +34,7 @@ def engine() -> str:
                        f"set {ENV} to one of {', '.join(ENGINES)} (or leave it unset: auto)")
     if wanted != "auto":
         return wanted
-    if os.path.exists(SEED_SYSCTL) or platform.machine() not in _BPF_SYSCALL:
+    if os.path.exists(SEED_SYSCTL) or not ebpf.supported():
         return "kernel"
     return "bpf"
 
@@ -53,77 +54,13 @@ def adopt(plan, hash_policy: int, hash_seed: int) -> None:
 
 
 # --- the program -------------------------------------------------------------------------------
-# __sk_buff offsets (linux/bpf.h) and the one helper used
-SKB_DATA, SKB_DATA_END = 76, 80
-BPF_FUNC_SET_HASH = 48
-TC_ACT_UNSPEC = -1          # let the port's next filter (if any) classify as it would have
-
-
-class _Asm:
-    """Just enough of an eBPF assembler: instructions, labels and forward jumps."""
-
-    def __init__(self):
-        self.code: list = []
-
-    def op(self, code: int, dst: int = 0, src: int = 0, off: int = 0, imm: int = 0):
-        self.code.append((code, dst, src, off, imm))
-
-    def jump(self, code: int, dst: int, label: str, src: int = 0, imm: int = 0):
-        self.code.append((code, dst, src, label, imm))
-
-    def label(self, name: str):
-        self.code.append(name)
-
-    def ld64(self, dst: int, value: int):
-        self.code.append(("ld64", dst, value))
-
-    def assemble(self) -> bytes:
-        where, slot = {}, 0
-        for item in self.code:
-            if isinstance(item, str):
-                where[item] = slot
-            else:
-                slot += 2 if item[0] == "ld64" else 1
-        out, slot = [], 0
-        for item in self.code:
-            if isinstance(item, str):
-                continue
-            if item[0] == "ld64":
-                _, dst, value = item
-                out += [_insn(0x18, dst, 0, 0, _s32(value & 0xFFFFFFFF)), _insn(0, 0, 0, 0, _s32(value >> 32))]
-                slot += 2
-                continue
-            code, dst, src, off, imm = item
-            slot += 1
-            if isinstance(off, str):
-                off = where[off] - slot
-            out.append(_insn(code, dst, src, off, imm))
-        return b"".join(out)
-
-
-def _s32(v: int) -> int:
-    return v - (1 << 32) if v >= 1 << 31 else v
-
-
-def _insn(code: int, dst: int, src: int, off: int, imm: int) -> bytes:
-    regs = (src << 4 | dst) if sys.byteorder == "little" else (dst << 4 | src)
-    return struct.pack("=BBhi", code, regs, off, imm)
-
-
-# opcodes (linux/bpf_common.h): 64-bit ALU with an immediate (K) or a register (X), loads, jumps
-MOV_X, MOV_K, ADD_X, ADD_K, AND_K, OR_X, XOR_X, MUL_X, LSH_K, RSH_K = \
-    0xBF, 0xB7, 0x0F, 0x07, 0x57, 0x4F, 0xAF, 0x2F, 0x67, 0x77
-BE = 0xDC                                   # to network order (a no-op on a big-endian CPU)
-LDX_W, LDX_H, LDX_B = 0x61, 0x69, 0x71
-JA, JEQ_K, JNE_K, JLT_K, JGT_X, CALL, EXIT = 0x05, 0x15, 0x55, 0xA5, 0x2D, 0x85, 0x95
-R0, R1, R2, R3, R4, R5, R6, R7, R8, R9 = range(10)
 ETH, IP_MIN = 14, 20
 
 
 def program(fh: FlowHash) -> bytes:
     """The tc program: parse Ethernet/IPv4 (and TCP/UDP ports when hashing L4) with the bounds
     checks the verifier wants, hash as plan/flowhash.hash32 does, bpf_set_hash(), carry on."""
-    a = _Asm()
+    a = Asm()
 
     def absorb(reg: int):
         a.op(XOR_X, R9, reg)
@@ -194,32 +131,16 @@ def program(fh: FlowHash) -> bytes:
     return a.assemble()
 
 
-BPF_PROG_LOAD, BPF_PROG_TYPE_SCHED_CLS = 5, 3
-
-
 def load(fh: FlowHash) -> int:
     """The program for `fh`, loaded: a descriptor the caller closes once filters hold it."""
-    nr = _BPF_SYSCALL.get(platform.machine())
-    if nr is None:
+    if not ebpf.supported():
         raise LabError(f"labctl's ECMP hash cannot load on a {platform.machine()} CPU",
                        f"set {ENV}=kernel (the kernel's hash, with a seed random per boot before 6.11)")
-    code = program(fh)
-    insns = ctypes.create_string_buffer(code, len(code))
-    licence = ctypes.create_string_buffer(b"GPL")     # bpf_set_hash is a GPL-only helper
-    log = ctypes.create_string_buffer(1 << 16)
-    libc = ctypes.CDLL(None, use_errno=True)
-    for level in (0, 1):                               # the verifier's log only when it refuses
-        attr = struct.pack("=IIQQIIQII16s", BPF_PROG_TYPE_SCHED_CLS, len(code) // 8, ctypes.addressof(insns),
-                           ctypes.addressof(licence), level, len(log) if level else 0,
-                           ctypes.addressof(log) if level else 0, 0, 0, b"labctl_ecmp")
-        buf = ctypes.create_string_buffer(attr, 128)
-        fd = libc.syscall(ctypes.c_long(nr), ctypes.c_int(BPF_PROG_LOAD), buf, ctypes.c_uint(128))
-        if fd >= 0:
-            return fd
-        err = ctypes.get_errno()
-    raise LabError(f"the kernel refused labctl's ECMP hash program: {os.strerror(err)}: "
-                   f"{log.value.decode(errors='replace')[-400:]}",
-                   f"set {ENV}=kernel to use the kernel's hash (seed random per boot before 6.11)")
+    try:
+        return ebpf.load_program(program(fh), "labctl_ecmp")
+    except ebpf.BpfError as exc:
+        raise LabError(f"the kernel refused labctl's ECMP hash program: {exc}",
+                       f"set {ENV}=kernel to use the kernel's hash (seed random per boot before 6.11)") from None
 
 
 # --- attaching it ------------------------------------------------------------------------------
