@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The data-plane controller's loop rate per switch and its CPU use, on a 19-switch lab and (with
---size 1024) on the 1,024-GPU lab's 176 switches.
+--size 1024) on the 1,024-GPU lab's 176 switches; then, side by side, what reading on arrivals
+(dataplane/arrivals.py) costs instead: one scan of every queue's bound per loop.
 
 Builds a leaf-spine with 4 spines and 12 leaves (or 128 servers x 8 GPUs, 32 leaves, 16 spines), then runs the controller's loop (one batched qdisc
 query per switch, ECN and PFC decisions, one epoll over every PFC socket) as fast as it can for
@@ -23,7 +24,9 @@ sys.path.insert(0, str(ROOT))
 
 from labctl import state  # noqa: E402
 from labctl import backends  # noqa: E402
+from labctl.dataplane import arrivals  # noqa: E402
 from labctl.dataplane.controller import FAST, Controller  # noqa: E402
+from labctl.plan import qos  # noqa: E402
 from labctl.plan.compile import compile_plan  # noqa: E402
 from labctl.topology.load import load_topology  # noqa: E402
 
@@ -41,7 +44,7 @@ def main() -> None:
         sys.exit("bench/controller.py builds namespaces: run it as root")
     os.environ["LABCTL_STATE_DIR"] = tempfile.mkdtemp(prefix="labctl-bench-")
     plan = compile_plan(load_topology(ROOT / "topologies" / "leaf-spine.yml",
-                                      SIZES[args.size], name="bctl"))
+                                      SIZES[args.size], name="bctl"), "poll")
     lab = state.claim(plan.lab, plan.to_dict(), None)
     backends.get("netns").apply(plan, lab)  # no controller process: this one is measured in-process
     try:
@@ -81,6 +84,33 @@ def main() -> None:
               f"{1e6 / (polls / wall) / plan.dilation:.2f} us on the real fabric (dilation {plan.dilation:g})")
         print(f"idle pace:   every {ctl.idle * 1e3:.1f} ms per switch (qos.controller_idle_s); "
               f"PFC headroom sized for {plan.pfc_response_s * 1e3:.1f} ms")
+        read_s = wall / polls / n
+        ctl.close()
+        # 3. on arrivals: each loop scans every queue's bound; only a switch whose bound reached a
+        # threshold is read
+        why = arrivals.probe()
+        if why is not None:
+            print(f"on arrivals: not on this machine ({why})")
+            return
+        plan.queue_reads = "arrivals"
+        t0 = time.monotonic()
+        ctl = Controller(plan)
+        attach = time.monotonic() - t0
+        scans, t0, c0 = 0, time.monotonic(), time.process_time()
+        while time.monotonic() - t0 < args.seconds:
+            ctl.bounds.scan()
+            scans += 1
+        wall, cpu = time.monotonic() - t0, time.process_time() - c0
+        scan_s = wall / scans
+        print(f"on arrivals: counters on {len(ctl.bounds.keys)} queues attached in {attach:.1f} s; one scan of "
+              f"every bound takes {scan_s * 1e6:.0f} us ({scans / wall:,.0f} scans/s flat out, {cpu / wall * 100:.0f}% "
+              f"of one core); at 1 kHz that is {scan_s / FAST * 100:.1f}% of a core")
+        print(f"reaction:    a switch whose queue fills is read within one loop ({FAST * 1e3:.0f} ms) plus its "
+              f"read ({read_s * 1e3:.2f} ms): {(FAST + scan_s + read_s) * 1e3:.2f} ms; if all {n} filled at "
+              f"once, the last read ends {(FAST + scan_s + n * read_s) * 1e3:.1f} ms after")
+        print(f"headroom:    sized for {qos.pfc_response_s([len(sw.wanted) for sw in ctl.switches], None, True) * 1e3:.0f}"
+              f" ms on arrivals (the idle pace adds nothing)")
+        ctl.close()
     finally:
         backends.get("netns").destroy(lab)
 

@@ -62,6 +62,7 @@ def probe_kernel() -> dict[str, bool]:
         found["nftables"] = _probe_nft(name)
         found.update(_probe_multipath_hash(name))
         found["bpf_flow_hash"] = _probe_flow_hash(sock_ns=name)
+        found["arrival_counters"] = _probe_arrivals(sock_ns=name)
         with nsutil.entered(name):
             found["rps_default_mask"] = rps.set_default(rps.cpu_mask())
     finally:
@@ -125,6 +126,33 @@ def _probe_flow_hash(sock_ns: str) -> bool:
         os.close(fd)
 
 
+def _probe_arrivals(sock_ns: str) -> bool:
+    """The controller's arrival counters: the map maps into memory and the program counts on a
+    port's egress (the scratch namespace's lo, with a packet sent through it)."""
+    from labctl.dataplane import arrivals
+    from labctl.errors import LabError
+    if arrivals.probe() is not None:
+        return False
+    try:
+        counters = arrivals.Counters(1)
+    except OSError:
+        return False
+    try:
+        with nsutil.netlink_socket(sock_ns) as sock:
+            counters.attach(sock, [(1, 0, "lo")])
+            batch = rtnl.Batch(sock)
+            batch.add(rtnl.link_up(1), "lo up")
+            batch.commit()
+        with nsutil.entered(sock_ns):
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+                udp.sendto(b"x" * 100, ("127.0.0.1", 9))
+        return int(counters.snapshot()[arrivals.OTHER]) >= 100
+    except (OSError, LabError, rtnl.NetlinkError):
+        return False
+    finally:
+        counters.close()
+
+
 def _delete_root_qdisc(sock: socket.socket, index: int) -> None:
     body = rtnl._tcmsg(index, 0, rtnl.TC_H_ROOT)
     b = rtnl.Batch(sock)
@@ -176,9 +204,10 @@ def features(k: dict[str, bool]) -> list[dict]:
                                                    "in agents" + ("" if not k.get("mqprio") else
                                                                   " (mqprio present, not needed)"),
          "status": "in use" if k.get("htb") and k.get("nftables") else "MISSING nftables"},
+        _queue_reads(k),
         {"feature": "ECN marking", "mechanism": pick("RED present; labctl's controller is used everywhere",
-                                                     "controller reading class backlogs (batched qdisc GETs, "
-                                                     "1 kHz busy) switching nftables `ip ecn set ce` rules",
+                                                     "controller reading class backlogs (batched qdisc GETs) "
+                                                     "switching nftables `ip ecn set ce` rules",
                                                      k.get("red", False)),
          "status": "in use" if k.get("nftables") else "MISSING nftables"},
         {"feature": "DCQCN", "mechanism": "CNPs from receiving agents (notification point), per-QP rate "
@@ -246,6 +275,22 @@ def _ecmp(k: dict[str, bool]) -> dict:
                                                f", seed random per boot (no fib_multipath_hash_seed; {flowhash.ENV}"
                                                "=bpf fixes it)"),
             "status": "in use"}
+
+
+def _queue_reads(k: dict[str, bool]) -> dict:
+    from labctl.dataplane import arrivals
+    engine = arrivals.engine()
+    have = k.get("arrival_counters", True)
+    if engine == "poll" or (engine == "auto" and not have):
+        why = f"{arrivals.ENV}=poll" if engine == "poll" else "the arrival counters did not load here"
+        return {"feature": "controller queue reads", "mechanism": "every switch polled (1 kHz while a queue "
+                "could reach a threshold, idle ones slower in a large lab, PFC headroom grown by that); " + why,
+                "status": "in use"}
+    return {"feature": "controller queue reads",
+            "mechanism": "on arrivals: a tc BPF program on each controlled port's egress counts bytes per class "
+                         "into a map the controller reads from memory; a switch is read (batched qdisc GETs) "
+                         "only once what arrived could have filled a queue to Kmin or XOFF",
+            "status": "in use" if have else f"FAILED: the counters did not load here; set {arrivals.ENV}=poll"}
 
 
 def _mininet_status() -> str:

@@ -39,8 +39,8 @@ class Publisher:
         self.written = 0
         threading.Thread(target=self._run, name="publisher", daemon=True).start()
 
-    def publish(self, doc: dict) -> None:
-        """Hand over the latest counters; returns at once."""
+    def publish(self, doc: dict | str) -> None:
+        """Hand over the latest counters (or their JSON text, made by the caller); returns at once."""
         with self._cond:
             self._doc = doc
             self._cond.notify()
@@ -53,7 +53,7 @@ class Publisher:
             if doc is not None and self.counters_file is not None:
                 tmp = self.counters_file.with_suffix(".tmp")
                 try:
-                    tmp.write_text(json.dumps(doc))
+                    tmp.write_text(doc if isinstance(doc, str) else json.dumps(doc))
                     tmp.replace(self.counters_file)
                     self.written += 1
                 except OSError:

@@ -47,6 +47,7 @@ def setup(monkeypatch):
     c.plan = SimpleNamespace(shared_buffer=None)
     c.idle = IDLE
     c.pfc_activity = 0
+    c.active = {}
     node = SimpleNamespace(switching=True, name="leaf1")
     port, feeder = FakePort("spine1"), FakePort("gpu0")   # gpu0's traffic can queue toward spine1
     sw = Switch(node, sock=None, nft=Recorder(), family="ip")

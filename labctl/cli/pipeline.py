@@ -49,7 +49,8 @@ def plan(file, sets, name, template_dirs, topo, as_json):
     from labctl.plan.compile import compile_plan
     from labctl.topology import sources
     from labctl.units import format_rate
-    p = compile_plan(sources.load(file, sets, template_dirs, name, topo))
+    from labctl.dataplane import arrivals
+    p = compile_plan(sources.load(file, sets, template_dirs, name, topo), arrivals.choose())
     if as_json:
         click.echo(json.dumps(p.to_dict(), indent=1))
         return

@@ -18,6 +18,7 @@ itself touches no file: publisher.py does, on a thread of its own.
 """
 from __future__ import annotations
 
+import json
 import sys
 import time
 from collections import deque
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from labctl.backends import nsutil, rtnl
-from labctl.dataplane import control, ecn, pfc, pfcport
+from labctl.dataplane import arrivals, control, ecn, pfc, pfcport
 from labctl.plan import feeders, qos
 from labctl.telemetry import qdepth, reaction
 from labctl.telemetry.nftcounters import family_of as nft_family
@@ -50,6 +51,7 @@ class Switch:
     wanted: set = field(default_factory=set)
     pfc: dict = field(default_factory=dict)       # (ifindex, leaf major) -> pfcport.Port
     request: tuple = (b"", [])
+    messages: list = field(default_factory=list)  # the request's GETs one by one, for a part of them
     feeders: dict = field(default_factory=dict)   # egress port -> ingress ports that feed it
     inflow: dict = field(default_factory=dict)    # (ifindex, leaf major) -> the most bytes/s that can arrive
     asserting: bool = False                       # some port is pausing its neighbour
@@ -59,6 +61,11 @@ class Switch:
     period: float = 0.0                           # from the last read to the next one
     next_read: float = 0.0
     family: str = "ip"                            # where its nftables rules live
+    queues: range = range(0)                      # its queues' places in the arrival bounds (arrivals.py)
+    must: bool = False                            # pausing, held over XOFF or marking: read on every scan
+    backlogs: dict = field(default_factory=dict)  # at the last read
+    stateful: set = field(default_factory=set)    # queues marking or past XOFF
+    place: dict = field(default_factory=dict)     # queue -> its place in the switch's request
 
 
 class Controller:
@@ -77,6 +84,12 @@ class Controller:
         self.pfc_fds: list[int] = []
         self.pfc_ports: list[pfcport.Port] = []
         self.held: set[pfcport.Port] = set()   # ports obeying a pause now
+        # ports that ever sent or received a pause, in the order they first did: the only ones
+        # pfc.json lists (readers take a port it leaves out as all zeros). Building and encoding
+        # all 5,000 of a 1,024-GPU lab every 10 ms held the loop (and, on the publisher's thread,
+        # the GIL) for 10-40 ms at a time in an incast
+        self.active: dict[pfcport.Port, None] = {}
+        self.port_text: dict[pfcport.Port, tuple] = {}
         self.pfc_activity = 0    # frames sent or received: pfc.json changes only when this does
         # how long a busy queue goes between two reads (reaction.py): what PFC headroom must cover
         self.reactions = reaction.Histogram()
@@ -125,6 +138,8 @@ class Controller:
                 own = next(i for i in node.interfaces if i.index == key[0])
                 sw.inflow[key] = max(total - own.shaping.rate_bps / 8, 1.0)
             sw.request = qdepth.get_requests(sw.wanted)
+            sw.messages = qdepth.get_messages(sw.wanted)[0]
+            sw.place = {key: i for i, key in enumerate(sw.request[1])}
             self.nodes.append(sw)
             for p in sw.pfc.values():
                 self.pfc_by_fd[p.fileno()] = p
@@ -139,11 +154,20 @@ class Controller:
         start = time.monotonic()
         for k, sw in enumerate(self.switches):
             sw.next_read = start + self.idle * k / max(1, len(self.switches))
+        self.bounds = arrivals.setup(self.switches) if plan.queue_reads == "arrivals" else None
+        self.next_scan, self.scan_period = start, FAST
+        self._set_thresholds()
+
+    def _set_thresholds(self) -> None:
+        if self.bounds is not None:
+            self.bounds.set_from(self.switches, self.plan.shared_buffer is not None)
 
     def close(self) -> None:
         """Release the packet sockets together (pfcport.close_all): exiting with them open would
         release them one by one, for tens of seconds after `down` at 1,024 GPUs."""
         pfcport.close_all([p.sock for p in self.pfc_ports] + self.kick_socks)
+        if self.bounds is not None:
+            self.bounds.close()
 
     def _settings(self, overrides: dict, node: str, ifindex: int, tc: int) -> control.PortSettings:
         n, i, c = self.classes[(node, ifindex, tc)]
@@ -174,15 +198,23 @@ class Controller:
                     port.over_xoff = False
                     if port.state.paused_until:
                         port.resume(now)        # PFC off: stop obeying the pause we hold
+        self._set_thresholds()
         self.generation = doc["generation"]
 
-    def poll(self, sw: Switch) -> tuple[bool, float]:
+    def poll(self, sw: Switch, places: list[int] | None = None, known: dict | None = None) -> tuple[bool, float]:
         """One control step for one node: whether any controlled queue holds packets, and the
-        seconds before any could reach its ECN or PFC threshold (0: it has, or may at once)."""
+        seconds before any could reach its ECN or PFC threshold (0: it has, or may at once).
+        With `places`, only those of its queues are read, and `known` stands in for the rest."""
         busy, due = False, self.idle
         now = time.monotonic()
         congested: set[str] = set()      # egress ports whose lossless queue is past XOFF
-        backlogs = qdepth.backlogs_get(sw.sock, sw.request) if sw.wanted else {}
+        if places is None:
+            backlogs = qdepth.backlogs_get(sw.sock, sw.request) if sw.wanted else {}
+        else:
+            backlogs = qdepth.backlogs_get(sw.sock, (b"".join(sw.messages[i] for i in places), sw.request[1]),
+                                           len(places)) if places else {}
+            backlogs.update(known)
+        sw.backlogs = backlogs
         shared = self.plan.shared_buffer if sw.node.switching else None
         used = sum(backlogs.get(key, 0) for key in sw.pfc) if shared else 0
         for key, backlog in backlogs.items():
@@ -216,12 +248,17 @@ class Controller:
                 threshold = near if threshold is None else min(threshold, near)
             if threshold is not None and backlog > 0:
                 due = min(due, max(0.0, threshold - backlog) / sw.inflow[key])
+            if (marking is not None and sw.marking[(key[0], marking[0])]) or (port is not None and port.over_xoff):
+                sw.stateful.add(key)
+            else:
+                sw.stateful.discard(key)
         if sw.node.switching and sw.pfc and (congested or sw.asserting):
             self.pfc_activity += 1
-            self._assert_pfc(sw, congested, now)
+            self._assert_pfc(sw, congested, now, self.active)
             if sw.asserting:
                 due = 0.0            # a pause to refresh or release
         sw.polls += 1
+        sw.must = sw.asserting or bool(sw.stateful)
         return busy, due
 
     def service_pfc(self, now: float) -> float | None:
@@ -231,6 +268,7 @@ class Controller:
             for fd in self.waiter.wait(0):
                 port = self.pfc_by_fd[fd]
                 port.receive(now)
+                self.active[port] = None
                 self.pfc_activity += 1
                 if port.state.paused_until:
                     self.held.add(port)
@@ -248,6 +286,8 @@ class Controller:
         """Read every switch whose queues are due, then the PFC sockets; returns when the next
         read is due (time.monotonic()). Each switch keeps its own pace: one congested leaf is
         read at 1 kHz without the rest of the fabric being read with it."""
+        if self.bounds is not None:
+            return self._step_on_arrivals()
         for sw in self.switches:
             start = time.monotonic()
             if start < sw.next_read:
@@ -258,12 +298,7 @@ class Controller:
                 # planned later than FAST (no queue could reach a threshold before it) counts
                 # only from when it was due, as if the queues had been read at FAST until then
                 end = time.monotonic()
-                took = end - sw.last_read - (sw.period - FAST)
-                self.reactions.add(took)
-                self.work.add(end - start)
-                if took > reaction.LONG_READ_S:
-                    self.long_reads.append((round(end, 6), round(took, 6)))
-                    self.long_count += 1
+                self._record(end - sw.last_read - (sw.period - FAST), start, end)
             # half the earliest crossing: a margin for a wake-up that comes late behind other work
             sw.busy, sw.last_read = busy, start
             sw.period = min(self.idle, max(FAST, due / 2)) if busy or due <= 0 else self.idle
@@ -275,8 +310,51 @@ class Controller:
             wake = min(wake, now + ends)
         return min(wake, now + self.idle)
 
+    def _step_on_arrivals(self) -> float:
+        """One scan of every queue's arrival bound; read only the switches where one reached its
+        threshold, or that are pausing or marking, and of them only the queues whose bound is past
+        its floor (below it, the bound decides as the backlog would). The reaction sample of a read runs from the
+        last moment the switch was known to be below its thresholds (a scan that found it so, or
+        its previous read) to the end of this read."""
+        now = time.monotonic()
+        if now >= self.next_scan:
+            copied, reached, room = self.bounds.scan()
+            planned = min(self.idle, max(FAST, room / 2))
+            for k, sw in enumerate(self.switches):
+                if not (reached[k] or sw.must):
+                    sw.last_read, sw.period = now, planned
+                    continue
+                start = time.monotonic()
+                places = self.bounds.unknown(sw.queues)
+                # of the queues left unread, only those marking or past XOFF have a state to undo
+                read = {sw.request[1][i] for i in places}
+                known = {key: self.bounds.bound_at(sw.queues, sw.place[key]) for key in sw.stateful - read}
+                self.poll(sw, places, known)
+                end = time.monotonic()
+                self.bounds.read(sw.queues, places, sw.backlogs, copied)
+                if sw.last_read is not None:
+                    self._record(end - sw.last_read - max(0.0, sw.period - FAST), start, end)
+                sw.last_read, sw.period = start, FAST
+                if sw.must:
+                    planned = FAST
+            self.next_scan = now + planned
+        now = time.monotonic()
+        wake = self.next_scan
+        ends = self.service_pfc(now)
+        if ends is not None:
+            wake = min(wake, now + ends)
+        return min(wake, now + self.idle)
+
+    def _record(self, took: float, start: float, end: float) -> None:
+        """One reaction sample (the read itself took end - start of it)."""
+        self.reactions.add(took)
+        self.work.add(end - start)
+        if took > reaction.LONG_READ_S:
+            self.long_reads.append((round(end, 6), round(took, 6)))
+            self.long_count += 1
+
     @staticmethod
-    def _assert_pfc(sw: Switch, congested: set[str], now: float) -> None:
+    def _assert_pfc(sw: Switch, congested: set[str], now: float, active: dict) -> None:
         """Pause the ports that feed a lossless egress queue past XOFF; XON once none they feed is."""
         if not congested and not sw.asserting:
             return                       # the common case: nothing to pause, nothing to release
@@ -286,6 +364,7 @@ class Controller:
             quanta = port.state.decide(wanted, now, port.iface.shaping.rate_bps, port.cls.pfc_quanta)
             if quanta is not None:
                 port.send_pfc(quanta, now)
+                active[port] = None
             sw.asserting = sw.asserting or port.state.asserting
 
     def write_counters(self, now: float, force: bool = False) -> None:
@@ -297,12 +376,12 @@ class Controller:
         summary = (self.generation, self.reactions.worst(), self.pfc_activity, self.long_count)
         if summary == self.last_written and not self.held and not force:
             return
-        ports = [p.counters(now) for p in self.pfc_ports]
         self.last_written = summary
-        self.files.publish({"time": now, "generation": self.generation, "ports": ports,
-                            "reaction_hist": self.reactions.to_list(), "work_hist": self.work.to_list(),
-                            "long_reads": list(self.long_reads),
-                            "errors": list(self.errors)})
+        # made here and only written by the publisher: json.dumps holds the GIL (pfcport.counters_text)
+        head = json.dumps({"time": now, "generation": self.generation,
+                           "reaction_hist": self.reactions.to_list(), "work_hist": self.work.to_list(),
+                           "long_reads": list(self.long_reads), "errors": list(self.errors)})
+        self.files.publish(f'{head[:-1]}, "ports": {pfcport.counters_text(self.active, self.port_text, now)}}}')
 
     def run(self, stop_when_gone: bool = True) -> None:
         last_counters = last_forced = 0.0

@@ -10,6 +10,7 @@ under 10 ms with `tc`, sub-millisecond over netlink.
 from __future__ import annotations
 
 import errno
+import json
 import socket
 import struct
 from concurrent.futures import ThreadPoolExecutor
@@ -109,6 +110,21 @@ class Port:
 
     def counters(self, now: float) -> dict:
         return {"node": self.node.name, "port": self.iface.name, **self.state.counters(now), "kicks": self.kicks}
+
+
+def counters_text(ports, kept: dict, now: float) -> str:
+    """The JSON list of `ports`' counters. Encoding every active port every 10 ms held the
+    controller's loop up to 2 ms at 1,024 GPUs, so a port's text is kept (in `kept`) until its
+    counters change; a held port's paused time always does."""
+    out = []
+    for p in ports:
+        st = p.state
+        signature = (st.tx_frames, st.rx_frames, p.kicks, st.paused_until)
+        entry = kept.get(p)
+        if entry is None or entry[0] != signature or st.paused_until:
+            entry = kept[p] = (signature, json.dumps(p.counters(now)))
+        out.append(entry[1])
+    return f"[{', '.join(out)}]"
 
 
 def kick_socket(namespace: str) -> socket.socket:

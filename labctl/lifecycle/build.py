@@ -8,6 +8,7 @@ from pathlib import Path
 
 from labctl import backends, helpers, state
 from labctl.backends import flowhash
+from labctl.dataplane import arrivals
 from labctl.errors import InputError, Where
 from labctl.kinds import node_kind
 from labctl.lifecycle import convergence, software
@@ -28,7 +29,7 @@ def up(file: str | None, sets=(), name: str | None = None, template_dirs=(), bac
 def build(loaded: Loaded, backend: str = "netns", progress=None,
           topology_file: str | None = None) -> tuple[LabPlan, state.LabDir, float]:
     """Build a loaded (validated) lab: its plan, by `backend`, with a record in the state directory."""
-    plan = compile_plan(loaded)
+    plan = compile_plan(loaded, arrivals.choose())
     flowhash.adopt(plan, loaded.topology.routing.hash_policy, loaded.topology.routing.hash_seed)
     builder = backends.get(backend)
     for node in plan.nodes:

@@ -77,6 +77,7 @@ class Build:
     segment_of: dict[int, model.Segment] = field(default_factory=dict)     # link id -> its segment
     ends: list[tuple] = field(default_factory=list)                         # (a, ia, b, ib) per link
     links: list[model.Link] = field(default_factory=list)
+    queue_reads: str = "poll"
 
     @property
     def topo(self):
@@ -202,7 +203,7 @@ def shaping(b: Build) -> None:
     """Every port's HTB tree: the link's lab rate, the classes, and each lossless class's XOFF."""
     t = b.topo
     degree = {name: len(n.interfaces) for name, n in b.nodes.items()}
-    response = qos.pfc_response_s(controlled_queues(b), _measured_response(t))
+    response = qos.pfc_response_s(controlled_queues(b), _measured_response(t), b.queue_reads == "arrivals")
     for node in b.nodes.values():
         for iface in node.interfaces:
             link, lk = b.links[iface.link], t.links[iface.link]
@@ -248,8 +249,10 @@ PASSES = (("pools", pools), ("nodes", nodes), ("ranks", ranks), ("loopbacks", lo
           ("files", software.files))
 
 
-def compile_plan(loaded: Loaded) -> model.LabPlan:
-    b = Build(loaded)
+def compile_plan(loaded: Loaded, queue_reads: str = "poll") -> model.LabPlan:
+    """`queue_reads`: how this machine's controller will find busy queues (dataplane/arrivals.py
+    chooses): polled, idle switches are read less often in a large lab, and the headroom grows."""
+    b = Build(loaded, queue_reads=queue_reads)
     for _, run_pass in PASSES:
         run_pass(b)
     t = b.topo
@@ -257,7 +260,8 @@ def compile_plan(loaded: Loaded) -> model.LabPlan:
     return model.LabPlan(t.name, t.description.strip(), t.dilation, loaded.template, b.fabrics,
                          list(b.nodes.values()), b.links, model.EcnPlan(e.kmin, e.kmax, e.pmax),
                          model.SharedBuffer(t.qos.shared_buffer, t.qos.shared_alpha) if t.qos.shared_buffer else None,
-                         qos.pfc_response_s(controlled_queues(b), _measured_response(t)), b.segments)
+                         qos.pfc_response_s(controlled_queues(b), _measured_response(t), queue_reads == "arrivals"),
+                         b.segments, queue_reads)
 
 
 def _measured_response(t) -> float | None:

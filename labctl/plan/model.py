@@ -183,6 +183,7 @@ class LabPlan:
     shared_buffer: SharedBuffer | None = None
     pfc_response_s: float = 0.02   # lab time from XOFF to stopped feeders the headroom is sized for
     segments: list[Segment] = field(default_factory=list)
+    queue_reads: str = "poll"      # how the controller finds busy queues: "poll" or "arrivals" (dataplane/arrivals.py)
 
     def node(self, name: str) -> Node:
         for n in self.nodes:
@@ -226,7 +227,8 @@ class LabPlan:
                    [Link(**{**lk, "wire": Wire(**lk["wire"]) if lk.get("wire") else None}) for lk in d["links"]], EcnPlan(**d["ecn"]) if "ecn" in d else EcnPlan(
                        400_000, 1_600_000, 0.2),
                    SharedBuffer(**d["shared_buffer"]) if d.get("shared_buffer") else None,
-                   d.get("pfc_response_s", 0.02), [Segment(**g) for g in d.get("segments", [])])
+                   d.get("pfc_response_s", 0.02), [Segment(**g) for g in d.get("segments", [])],
+                   d.get("queue_reads", "poll"))
 
 
 _FIELDS: dict[type, tuple[str, ...]] = {}

@@ -92,11 +92,13 @@ def controller_idle_s(queues_per_switch: list[int]) -> float:
     return max(CONTROLLER_IDLE_S, round_s / IDLE_CPU_SHARE)
 
 
-def pfc_response_s(queues_per_switch: list[int], measured_s: float | None = None) -> float:
+def pfc_response_s(queues_per_switch: list[int], measured_s: float | None = None,
+                   on_arrivals: bool = False) -> float:
     """The reaction PFC headroom is sized for: the measured worst (this machine's, or the lab's
-    `qos.pfc_response` where its controller is slower) plus any slower idle pace."""
+    `qos.pfc_response` where its controller is slower) plus any slower idle pace, unless the
+    controller reads on arrivals (dataplane/arrivals.py), which leaves no switch unwatched."""
     base = PFC_RESPONSE_S if measured_s is None else measured_s
-    return base + controller_idle_s(queues_per_switch) - CONTROLLER_IDLE_S
+    return base if on_arrivals else base + controller_idle_s(queues_per_switch) - CONTROLLER_IDLE_S
 
 
 def headroom(lab_rate_bps: int, feeders: int, lab_delay_ns: int, frame: int,

@@ -79,22 +79,29 @@ def parse_dump(chunks: list[bytes]) -> list[QueueStats]:
 NLM_F_ECHO = 0x8
 
 
-def get_requests(wanted: set[tuple[int, int]]) -> tuple[bytes, list[tuple[int, int]]]:
-    """One buffer of RTM_GETQDISC GETs (by handle, NLM_F_ECHO so the reply is unicast) for `wanted`."""
+def get_messages(wanted: set[tuple[int, int]]) -> tuple[list[bytes], list[tuple[int, int]]]:
+    """An RTM_GETQDISC GET per queue of `wanted` (by handle, NLM_F_ECHO so the reply is unicast),
+    in key order, each numbered by its place in that order."""
     keys = sorted(wanted)
-    buf = b"".join(struct.pack("IHHII", 36, RTM_GETQDISC, rtnl.NLM_F_REQUEST | NLM_F_ECHO, k, 0)
-                   + struct.pack("BxxxiIII", socket.AF_UNSPEC, ifindex, major << 16, 0, 0)
-                   for k, (ifindex, major) in enumerate(keys))
-    return buf, keys
+    return [struct.pack("IHHII", 36, RTM_GETQDISC, rtnl.NLM_F_REQUEST | NLM_F_ECHO, k, 0)
+            + struct.pack("BxxxiIII", socket.AF_UNSPEC, ifindex, major << 16, 0, 0)
+            for k, (ifindex, major) in enumerate(keys)], keys
 
 
-def backlogs_get(sock: socket.socket, request: tuple[bytes, list]) -> dict[tuple[int, int], int]:
-    """Backlogs of exactly the queues in a prepared request: the kernel serialises only those."""
+def get_requests(wanted: set[tuple[int, int]]) -> tuple[bytes, list[tuple[int, int]]]:
+    """One buffer of GETs for every queue of `wanted`."""
+    messages, keys = get_messages(wanted)
+    return b"".join(messages), keys
+
+
+def backlogs_get(sock: socket.socket, request: tuple[bytes, list], expect: int | None = None) -> dict[tuple[int, int], int]:
+    """Backlogs of exactly the queues in a prepared request: the kernel serialises only those.
+    `expect`: how many GETs the buffer holds, if not one per key (a part of get_messages)."""
     buf, keys = request
     unpack = struct.unpack_from
     sock.sendall(buf)
     out: dict[tuple[int, int], int] = {}
-    while len(out) < len(keys):
+    while len(out) < (len(keys) if expect is None else expect):
         data = sock.recv(1 << 20)
         off, end = 0, len(data)
         while off + 16 <= end:

@@ -75,3 +75,5 @@ def add_pfc(rows: list[dict], lab_path) -> None:
         p = ports.get((r["node"], r["port"], r["tc"]))
         if p:
             r.update(pfc_tx=p["pfc_tx"], pfc_rx=p["pfc_rx"], paused_s=p["paused_s"], paused=p["paused"])
+        elif r.get("lossless"):       # the controller lists only the ports that ever paused or were paused
+            r.update(pfc_tx=0, pfc_rx=0, paused_s=0.0, paused=False)
