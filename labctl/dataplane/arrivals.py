@@ -185,10 +185,13 @@ class Counters:
 
 def setup(switches) -> "Bounds":
     """Counters on every controlled port of `switches` (controller.Switch), and their bounds."""
-    bases, n = {}, 0
+    bases, ports_of, n = {}, [], 0
     for k, sw in enumerate(switches):
+        names = {i.index: i.name for i in sw.node.interfaces}
+        ports_of.append([])
         for ifindex in sorted({key[0] for key in sw.wanted}):
             bases[(k, ifindex)] = n * STRIDE
+            ports_of[k].append((ifindex, n * STRIDE, f"{sw.node.name}:{names.get(ifindex, ifindex)}"))
             n += 1
     try:
         counters = Counters(n)
@@ -196,10 +199,7 @@ def setup(switches) -> "Bounds":
         raise LabError(f"the kernel refused the controller's arrival counters: {exc}",
                        f"set {ENV}=poll to read queues by polling alone") from None
     try:
-        for k, sw in enumerate(switches):
-            names = {i.index: i.name for i in sw.node.interfaces}
-            ports = [(ifindex, base, f"{sw.node.name}:{names.get(ifindex, ifindex)}")
-                     for (s, ifindex), base in bases.items() if s == k]
+        for sw, ports in zip(switches, ports_of):
             try:
                 counters.attach(sw.sock, ports)
             except rtnl.NetlinkError as exc:

@@ -137,8 +137,8 @@ class Controller:
             for key in sw.wanted:     # whatever the routes: every other port at its full rate
                 own = next(i for i in node.interfaces if i.index == key[0])
                 sw.inflow[key] = max(total - own.shaping.rate_bps / 8, 1.0)
-            sw.request = qdepth.get_requests(sw.wanted)
-            sw.messages = qdepth.get_messages(sw.wanted)[0]
+            sw.messages, keys = qdepth.get_messages(sw.wanted)
+            sw.request = (b"".join(sw.messages), keys)
             sw.place = {key: i for i, key in enumerate(sw.request[1])}
             self.nodes.append(sw)
             for p in sw.pfc.values():
@@ -155,7 +155,7 @@ class Controller:
         for k, sw in enumerate(self.switches):
             sw.next_read = start + self.idle * k / max(1, len(self.switches))
         self.bounds = arrivals.setup(self.switches) if plan.queue_reads == "arrivals" else None
-        self.next_scan, self.scan_period = start, FAST
+        self.next_scan = start
         self._set_thresholds()
 
     def _set_thresholds(self) -> None:

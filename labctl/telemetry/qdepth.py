@@ -88,15 +88,9 @@ def get_messages(wanted: set[tuple[int, int]]) -> tuple[list[bytes], list[tuple[
             for k, (ifindex, major) in enumerate(keys)], keys
 
 
-def get_requests(wanted: set[tuple[int, int]]) -> tuple[bytes, list[tuple[int, int]]]:
-    """One buffer of GETs for every queue of `wanted`."""
-    messages, keys = get_messages(wanted)
-    return b"".join(messages), keys
-
-
 def backlogs_get(sock: socket.socket, request: tuple[bytes, list], expect: int | None = None) -> dict[tuple[int, int], int]:
-    """Backlogs of exactly the queues in a prepared request: the kernel serialises only those.
-    `expect`: how many GETs the buffer holds, if not one per key (a part of get_messages)."""
+    """Backlogs of exactly the queues in a prepared request (get_messages joined, with its keys):
+    the kernel serialises only those. `expect`: how many GETs the buffer holds, if not one per key."""
     buf, keys = request
     unpack = struct.unpack_from
     sock.sendall(buf)
