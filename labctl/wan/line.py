@@ -12,12 +12,15 @@ The line is a process, and a busy machine can leave it without a CPU for tens of
 neither drops nor bunches frames meanwhile, so: its sockets hold what arrives (RCVBUF), each frame's
 delay counts from its kernel arrival stamp, and frames never leave faster than the link's rate (a
 burst after a stall would overrun the far router's lossless headroom, which is sized for feeders at
-line rate). What a stall costs is then only time, reported as `max_lag_us`.
+line rate). A send the kernel cannot take yet (a full send buffer or receive backlog) is retried,
+in order, as a fibre still holding the frame would. What a stall costs is then only time, reported
+as `max_lag_us`.
 
     python -m labctl.wan.line LAB_DIR
 """
 from __future__ import annotations
 
+import errno
 import json
 import random
 import socket
@@ -61,6 +64,11 @@ def packet_socket(namespace: str, port: str) -> socket.socket:
 
 
 BURST_S = 0.001   # how far behind real time the line may fall before it paces (a late wake-up is normal)
+# A send the kernel cannot take now (EAGAIN: the socket's send buffer is full of frames still on
+# their way; ENOBUFS: the receiving CPU's backlog is full) is a fibre with frames still in it, not a
+# loss: the frame stays at the head of its queue and is tried again this long after.
+RETRY_S = 0.0002
+BUSY = (errno.EAGAIN, errno.ENOBUFS)
 
 
 @dataclass
@@ -72,25 +80,35 @@ class Paced:
     frames: deque = field(default_factory=deque)   # (due, frame, size the link's shaper counted)
     free: float = 0.0                              # when the link can take the next frame
     late_us: int = 0                               # the worst lateness, once over 1 ms
+    retry_at: float = 0.0                          # the kernel was busy: not before this
+    retries: int = 0
 
     def push(self, due: float, frame: bytes, size: int) -> None:
         self.frames.append((due, frame, size))
 
-    def due(self, now: float):
-        """Each frame whose turn has come."""
+    def release(self, now: float, send) -> int:
+        """Send each frame whose turn has come, in order, with `send(frame)` (True: taken, False: the
+        kernel is busy, try again later); the bytes let out."""
+        out = 0
+        if now < self.retry_at:
+            return out
         while self.frames:
             due, frame, size = self.frames[0]
             start = max(due, self.free, now - BURST_S)
             if start > now:
-                return
+                break
+            if not send(frame):
+                self.retry_at, self.retries = now + RETRY_S, self.retries + 1
+                break
             self.frames.popleft()
+            out += len(frame)
             self.free = start + (size * 8 / self.rate_bps if self.rate_bps else 0.0)
             if now - due > 1e-3:
                 self.late_us = max(self.late_us, int((now - due) * 1e6))
-            yield frame
+        return out
 
     def next_time(self) -> float | None:
-        return max(self.frames[0][0], self.free) if self.frames else None
+        return max(self.frames[0][0], self.free, self.retry_at) if self.frames else None
 
 
 @dataclass
@@ -113,7 +131,7 @@ class Direction:
     last_release: float = 0.0
     c: dict = field(default_factory=lambda: dict.fromkeys(
         ("frames", "bytes", "delivered", "delivered_bytes", "lost", "overflow", "not_ip", "bad_icv", "send_errors",
-         "socket_drops", "max_lag_us"), 0))
+         "socket_drops", "max_lag_us", "send_retries"), 0))
 
     def __post_init__(self):
         self.fibre = Paced(self.rate_bps)     # sealed frames on their way along the fibre
@@ -126,6 +144,7 @@ class Direction:
             stats = sock.getsockopt(SOL_PACKET, PACKET_STATISTICS, 8)
             self.c["socket_drops"] += struct.unpack("II", stats)[1]     # struct tpacket_stats: packets, drops
         self.c["max_lag_us"] = max(self.fibre.late_us, self.landing.late_us)
+        self.c["send_retries"] = self.fibre.retries + self.landing.retries
 
     def take(self, now: float) -> None:
         """Frames the router sent onto the line: lose, seal, and queue them with their release time."""
@@ -153,9 +172,7 @@ class Direction:
             self.held_bytes += len(frame)
 
     def release(self, now: float) -> None:
-        for frame in self.fibre.due(now):
-            self.held_bytes -= len(frame)
-            _send(self.tx, frame, self.c)
+        self.held_bytes -= self.fibre.release(now, lambda frame: _send(self.tx, frame, self.c))
 
     def deliver(self, now: float) -> None:
         """Frames arriving at the far end of the fibre: open them and hand them to the router."""
@@ -170,10 +187,14 @@ class Direction:
         self.land(now)
 
     def land(self, now: float) -> None:
-        for frame in self.landing.due(now):
-            self.c["delivered"] += 1
-            self.c["delivered_bytes"] += len(frame)
-            _send(self.dst, frame, self.c)
+        self.landing.release(now, self._deliver_one)
+
+    def _deliver_one(self, frame: bytes) -> bool:
+        if not _send(self.dst, frame, self.c):
+            return False
+        self.c["delivered"] += 1
+        self.c["delivered_bytes"] += len(frame)
+        return True
 
     def next_release(self) -> float | None:
         times = [t for t in (self.fibre.next_time(), self.landing.next_time()) if t is not None]
@@ -198,11 +219,15 @@ def _drain(sock: socket.socket, now: float):
         yield data, arrived
 
 
-def _send(sock: socket.socket, frame: bytes, c: dict) -> None:
+def _send(sock: socket.socket, frame: bytes, c: dict) -> bool:
+    """False if the kernel is busy (the caller keeps the frame); any other error loses it, counted."""
     try:
         sock.send(frame)
-    except OSError:
+    except OSError as e:
+        if e.errno in BUSY:
+            return False
         c["send_errors"] += 1
+    return True
 
 
 def directions(plan: LabPlan, link: Link, keys: dict, seed: int) -> list[Direction]:
