@@ -25,6 +25,27 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def host_cpu() -> tuple[float, float, float]:
+    """Seconds the host's CPUs were busy, idle and stolen by the hypervisor (/proc/stat, all CPUs)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    tick = os.sysconf("SC_CLK_TCK")
+    user, nice, system, idle, iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    return (user + nice + system + irq + softirq) / tick, (idle + iowait) / tick, steal / tick
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    """A timing-bound test that fails on a shared CI host says how much CPU the host had: the
+    section shows under the failure, so a slowed machine is told apart from a slow lab."""
+    before = host_cpu()
+    outcome = yield
+    if outcome.excinfo is not None:
+        busy, idle, steal = (b - a for a, b in zip(before, host_cpu()))
+        item.add_report_section("call", "host cpu", f"during this test: busy {busy:.1f} s, idle {idle:.1f} s, "
+                                                    f"stolen by the hypervisor {steal:.1f} s "
+                                                    f"on {os.cpu_count()} CPUs; load {os.getloadavg()}")
+
+
 @pytest.fixture
 def state_dir(tmp_path, monkeypatch):
     d = tmp_path / "state"
