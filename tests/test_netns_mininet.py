@@ -103,12 +103,31 @@ def test_ecmp_paths_are_identical_on_both(twins):
 
 
 def test_bundled_allreduce_takes_the_same_time_on_both(twins, tmp_path):
-    times = {}
-    for backend, (plan, lab) in twins.items():
-        doc = run_workload(plan, lab, load_workload(ROOT / "workloads" / "allreduce.yml"), tmp_path / backend)
-        assert all(r["wrong"] == 0 and not r["timed_out"] for r in doc["results"]), backend
-        times[backend] = sum(r["time_s"] for r in doc["results"])
-    ratio = times["mininet"] / times["netns"]
+    """The bundled all-reduce sweep (1-64 MB) takes the same total time on both backends, within 5%.
+
+    Sizes interleave, netns then Mininet, so a stretch in which a shared host loses CPU slows both
+    twins alike (CI once measured the two whole sweeps, run one after the other, 26% apart). A size
+    whose pair is further apart than the tolerance is timed again, up to twice, and each twin keeps
+    its fastest: a stall only ever slows a run, and a real difference between the backends stays."""
+    sweep = load_workload(ROOT / "workloads" / "allreduce.yml").workload
+    times: dict[str, list[float]] = {"netns": [], "mininet": []}
+    for size in sweep.size_list():
+        wf = tmp_path / f"ar-{size}.yml"
+        wf.write_text(f"name: ar\ncollective: all_reduce\nsizes: [{size}]\niterations: {sweep.iterations}\n"
+                      "participants: all\n")
+        best: dict[str, float] = {}
+        for attempt in range(3):
+            for backend, (plan, lab) in twins.items():
+                doc = run_workload(plan, lab, load_workload(wf), tmp_path / f"{backend}-{size}-{attempt}")
+                (r,) = doc["results"]
+                assert r["wrong"] == 0 and not r["timed_out"], (backend, size, r)
+                best[backend] = min(best.get(backend, r["time_s"]), r["time_s"])
+            if abs(best["mininet"] / best["netns"] - 1) <= ALLREDUCE_TOLERANCE:
+                break
+        for backend in times:
+            times[backend].append(best[backend])
+        print(f"{size}: {attempt + 1} attempt(s), best {best}")
+    ratio = sum(times["mininet"]) / sum(times["netns"])
     assert abs(ratio - 1) <= ALLREDUCE_TOLERANCE, times
 
 
