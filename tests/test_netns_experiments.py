@@ -61,6 +61,12 @@ def test_every_bundled_experiment_passes_and_leaves_nothing_behind(all_experimen
         assert len(pngs) >= 4 * len(list((out / "runs").iterdir())), (exp.stem, pngs)   # each run plotted
         for png in pngs:
             assert png.stat().st_size > 10_000 and f"]({png.relative_to(out)})" in report
+        labs = sorted(out.glob("lab*"))     # what each lab recorded before down removed it
+        assert labs and all((d / "plan.json").is_file() for d in labs), (exp.stem, labs)
+    (out,) = [d for d in runs.iterdir() if d.name.endswith("incast-pfc")]
+    assert (out / "lab" / "controller.log").is_file()
+    ports = json.loads((out / "lab" / "pfc.json").read_text())["ports"]
+    assert sum(p["pfc_tx"] for p in ports) > 0     # the pauses the pfc_on run sent, as the controller kept them
 
 
 def test_plots_draw_the_runs_own_counters(all_experiments, tmp_path):

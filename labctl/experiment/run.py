@@ -98,6 +98,7 @@ def run_experiment(path: Path, out: Path, say=lambda msg: print(msg, file=sys.st
         finally:
             for cap in caps:
                 captures.append(str(cap.stop().relative_to(out)))
+            keep_lab_records(lab.path, out / f"lab{suffix}")
             labmod.down(name)
             say(f"[{exp.name}] down")
     checks = judge(exp, metrics)
@@ -109,6 +110,18 @@ def run_experiment(path: Path, out: Path, say=lambda msg: print(msg, file=sys.st
     from labctl.experiment.report import write_report
     write_report(out, exp, doc)
     return doc
+
+
+LAB_RECORDS = ("plan.json", "pfc.json", "wan.json")
+
+
+def keep_lab_records(lab_path: Path, dest: Path) -> None:
+    """The lab's plan, last PFC and WAN counters and its helpers' logs (controller.log, ...) go with
+    the experiment: `down` removes the lab's directory, and a failed expectation is read from them."""
+    dest.mkdir(exist_ok=True)
+    for f in sorted(lab_path.iterdir()):
+        if (f.name in LAB_RECORDS or f.suffix == ".log") and f.is_file() and not f.is_symlink():
+            dest.joinpath(f.name).write_bytes(f.read_bytes())
 
 
 def _step(exp, k, step, plan, lab, workloads, out, suffix, metrics, runs, say) -> None:
