@@ -6,6 +6,7 @@
 #                            README's demo, experiments/incast-pfc.yml and ecmp-entropy.yml, and the
 #                            root test modules for sysctls, routing and shaping; then destroy
 #   vm/test-vm.sh --smoke    box, vagrant up, doctor, demo, destroy (what CI runs)
+#   LABCTL_VM_KEEP=DIR       keep a failed experiment's directory from the guest in DIR
 #
 # Installs Vagrant, vagrant-libvirt, libvirt and QEMU if missing. libvirtd and virtlogd are started
 # here, in a network namespace of their own (their bridge, dnsmasq and NAT stay out of the host's),
@@ -153,8 +154,21 @@ failed=()
 step() {   # a guest step: timed, and a failure is recorded so that every step runs and is reported
   local what=$1; shift
   local t0; t0=$(date +%s)
+  step_failed=""
   if guest "$@"; then say "$what passed in $(( $(date +%s) - t0 )) s"
-  else say "$what FAILED after $(( $(date +%s) - t0 )) s"; failed+=("$what"); fi
+  else say "$what FAILED after $(( $(date +%s) - t0 )) s"; failed+=("$what"); step_failed=1; fi
+}
+# a failed experiment shows its answer and the end of its controller's log here; with LABCTL_VM_KEEP
+# set, its whole directory (report, runs, and lab/: pfc.json with the controller's reaction times
+# and pauses) is copied out of the guest before destroy, as <LABCTL_VM_KEEP>/<experiment>.tar.gz
+show_experiment() {
+  guest "sudo sed -n '/^## Answer/,/^## [^A]/p' /tmp/$1/report.md; sudo tail -n 20 /tmp/$1/lab/controller.log" || true
+  if [ -n "${LABCTL_VM_KEEP:-}" ]; then
+    mkdir -p "$LABCTL_VM_KEEP"
+    # base64: the ssh session may be a terminal, which would not carry binary bytes intact
+    vg ssh -c "sudo tar -C /tmp -cz $1 | base64 -w0" | tr -d '\r' | base64 -d > "$LABCTL_VM_KEEP/$1.tar.gz" &&
+      say "kept $LABCTL_VM_KEEP/$1.tar.gz" || say "could not copy /tmp/$1 out of the guest"
+  fi
 }
 # an emulated CPU runs the agents and the controller 5-10x slower (README, "Prefer a VM?"): its
 # controller reacts in up to ~60 ms in an incast (30 ms here), so PFC headroom is sized for 200 ms,
@@ -168,6 +182,7 @@ step demo 'cd /vagrant && sudo ./install.sh --demo'
 if [ "$mode" = full ]; then
   for e in incast-pfc:16000 ecmp-entropy:64000; do
     step "experiment ${e%%:*}" "cd /vagrant && sudo labctl run experiments/${e%%:*}.yml --out /tmp/${e%%:*} $(tcg_sets "${e##*:}")"
+    [ -n "$step_failed" ] && show_experiment "${e%%:*}"
   done
   step "root test modules" "$shaping"'cd /vagrant && sudo .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_netns_lab.py tests/test_netns_flowhash.py tests/test_netns_shaping.py -k "$k"'
 fi
