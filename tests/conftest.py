@@ -33,17 +33,30 @@ def host_cpu() -> tuple[float, float, float]:
     return (user + nice + system + irq + softirq) / tick, (idle + iowait) / tick, steal / tick
 
 
+_CPU_SINCE: dict[str, tuple[float, float, float]] = {}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    # a module-scoped fixture (the experiments' one run) does its work in the first test's setup
+    _CPU_SINCE.setdefault(item.module.__name__, host_cpu())
+    _CPU_SINCE[item.nodeid] = host_cpu()
+    yield
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
     """A timing-bound test that fails on a shared CI host says how much CPU the host had: the
     section shows under the failure, so a slowed machine is told apart from a slow lab."""
-    before = host_cpu()
     outcome = yield
     if outcome.excinfo is not None:
-        busy, idle, steal = (b - a for a, b in zip(before, host_cpu()))
-        item.add_report_section("call", "host cpu", f"during this test: busy {busy:.1f} s, idle {idle:.1f} s, "
-                                                    f"stolen by the hypervisor {steal:.1f} s "
-                                                    f"on {os.cpu_count()} CPUs; load {os.getloadavg()}")
+        now = host_cpu()
+        lines = []
+        for what, key in (("this test (its setup and call)", item.nodeid), ("its module so far", item.module.__name__)):
+            busy, idle, steal = (b - a for a, b in zip(_CPU_SINCE.get(key, now), now))
+            lines.append(f"during {what}: busy {busy:.1f} s, idle {idle:.1f} s, stolen by the hypervisor "
+                         f"{steal:.1f} s on {os.cpu_count()} CPUs")
+        item.add_report_section("call", "host cpu", "\n".join(lines) + f"\nload {os.getloadavg()}")
 
 
 @pytest.fixture
