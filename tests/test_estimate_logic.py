@@ -14,7 +14,7 @@ from labctl.cli import cli
 from labctl.errors import LabError
 from labctl.estimate import calibration, collectives, hashing, labrun, report
 from labctl.estimate.fabric import NO_LINK, Clos
-from labctl.estimate.model import Params, ideal_time, lab_params, payload_Bps, phase_features, times_over_draws
+from labctl.estimate.model import Params, ideal_time, lab_params, payload_Bps, phase_features
 from labctl.plan.compile import compile_plan
 from labctl.topology.load import load_topology
 from labctl.traffic import roce, schedule, sender

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import lab_namespaces, require_root
+from conftest import lab_namespaces
 from netutil import wait_for
 from labctl import exports, procs, state
 from labctl import lifecycle as labmod
