@@ -6,7 +6,7 @@
 #                            README's demo, experiments/incast-pfc.yml and ecmp-entropy.yml, and the
 #                            root test modules for sysctls, routing and shaping; then destroy
 #   vm/test-vm.sh --smoke    box, vagrant up, doctor, demo, destroy (what CI runs)
-#   LABCTL_VM_KEEP=DIR       keep a failed experiment's directory from the guest in DIR
+#   LABCTL_VM_KEEP=DIR       keep each experiment's directory from the guest in DIR, passed or failed
 #
 # Installs Vagrant, vagrant-libvirt, libvirt and QEMU if missing. libvirtd and virtlogd are started
 # here, in a network namespace of their own (their bridge, dnsmasq and NAT stay out of the host's),
@@ -159,10 +159,13 @@ step() {   # a guest step: timed, and a failure is recorded so that every step r
   else say "$what FAILED after $(( $(date +%s) - t0 )) s"; failed+=("$what"); step_failed=1; fi
 }
 # a failed experiment shows its answer and the end of its controller's log here; with LABCTL_VM_KEEP
-# set, its whole directory (report, runs, and lab/: pfc.json with the controller's reaction times
-# and pauses) is copied out of the guest before destroy, as <LABCTL_VM_KEEP>/<experiment>.tar.gz
+# set, every experiment's whole directory (report, runs, and lab/: pfc.json with the controller's
+# reaction times and pauses) is copied out of the guest before destroy, as
+# <LABCTL_VM_KEEP>/<experiment>.tar.gz: a failure is read beside a passing run of the same step
 show_experiment() {
   guest "sudo sed -n '/^## Answer/,/^## [^A]/p' /tmp/$1/report.md; sudo tail -n 20 /tmp/$1/lab/controller.log" || true
+}
+keep_experiment() {
   if [ -n "${LABCTL_VM_KEEP:-}" ]; then
     mkdir -p "$LABCTL_VM_KEEP"
     # base64: the ssh session may be a terminal, which would not carry binary bytes intact
@@ -183,6 +186,7 @@ if [ "$mode" = full ]; then
   for e in incast-pfc:16000 ecmp-entropy:64000; do
     step "experiment ${e%%:*}" "cd /vagrant && sudo labctl run experiments/${e%%:*}.yml --out /tmp/${e%%:*} $(tcg_sets "${e##*:}")"
     [ -n "$step_failed" ] && show_experiment "${e%%:*}"
+    keep_experiment "${e%%:*}"
   done
   step "root test modules" "$shaping"'cd /vagrant && sudo .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_netns_lab.py tests/test_netns_flowhash.py tests/test_netns_shaping.py -k "$k"'
 fi
