@@ -164,12 +164,14 @@ step() {   # a guest step: timed, and a failure is recorded so that every step r
 # <LABCTL_VM_KEEP>/<experiment>.tar.gz: a failure is read beside a passing run of the same step
 show_experiment() {
   guest "sudo sed -n '/^## Answer/,/^## [^A]/p' /tmp/$1/report.md; sudo tail -n 20 /tmp/$1/lab/controller.log" || true
+  # the guest kernel's own word on a stall: RT throttling, soft lock-ups, an unstable clocksource
+  guest "sudo dmesg | grep -iE 'throttl|lockup|clocksource|hung|rcu' | tail -n 20" || true
 }
 keep_experiment() {
   if [ -n "${LABCTL_VM_KEEP:-}" ]; then
     mkdir -p "$LABCTL_VM_KEEP"
     # base64: the ssh session may be a terminal, which would not carry binary bytes intact
-    vg ssh -c "sudo tar -C /tmp -cz $1 | base64 -w0" | tr -d '\r' | base64 -d > "$LABCTL_VM_KEEP/$1.tar.gz" &&
+    vg ssh -c "sudo dmesg > /tmp/$1/dmesg.txt; sudo tar -C /tmp -cz $1 | base64 -w0" | tr -d '\r' | base64 -d > "$LABCTL_VM_KEEP/$1.tar.gz" &&
       say "kept $LABCTL_VM_KEEP/$1.tar.gz" || say "could not copy /tmp/$1 out of the guest"
   fi
 }
