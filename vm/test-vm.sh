@@ -6,6 +6,10 @@
 #                            README's demo, experiments/incast-pfc.yml and ecmp-entropy.yml, and the
 #                            root test modules for sysctls, routing and shaping; then destroy
 #   vm/test-vm.sh --smoke    box, vagrant up, doctor, demo, destroy (what CI runs)
+#   vm/test-vm.sh --repeat N EXPERIMENT
+#                            box, vagrant up, doctor, then experiments/EXPERIMENT.yml N times in
+#                            one guest, each kept under LABCTL_VM_KEEP as EXPERIMENT-K.tar.gz, and
+#                            a tally of passes: for a step that passes or fails from run to run
 #   LABCTL_VM_KEEP=DIR       keep each experiment's directory from the guest in DIR, passed or failed
 #
 # Installs Vagrant, vagrant-libvirt, libvirt and QEMU if missing. libvirtd and virtlogd are started
@@ -17,8 +21,13 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 mode=full
 case "${1:-}" in
   --smoke) mode=smoke ;;
+  --repeat)
+    mode=repeat; repeat=${2:-}; repeat_exp=${3:-}
+    [[ "$repeat" =~ ^[1-9][0-9]?$ ]] || { echo "test-vm.sh: --repeat takes a count from 1 to 99, then an experiment" >&2; exit 2; }
+    [[ "$repeat_exp" =~ ^[a-z0-9-]+$ ]] && [ -f "$here/experiments/$repeat_exp.yml" ] ||
+      { echo "test-vm.sh: no experiment '$repeat_exp' (one of: $(cd "$here/experiments" && ls *.yml | sed 's/\.yml$//' | tr '\n' ' '))" >&2; exit 2; } ;;
   "") ;;
-  -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
   *) echo "test-vm.sh: unknown option $1 (try --help)" >&2; exit 2 ;;
 esac
 [ "$(id -u)" -eq 0 ] || { echo "test-vm.sh: run as root (sudo $0)" >&2; exit 1; }
@@ -167,12 +176,13 @@ show_experiment() {
   # the guest kernel's own word on a stall: RT throttling, soft lock-ups, an unstable clocksource
   guest "sudo dmesg | grep -iE 'throttl|lockup|clocksource|hung|rcu' | tail -n 20" || true
 }
-keep_experiment() {
+keep_experiment() {   # DIR [NAME]: /tmp/DIR in the guest, kept as NAME.tar.gz
   if [ -n "${LABCTL_VM_KEEP:-}" ]; then
     mkdir -p "$LABCTL_VM_KEEP"
+    local name=${2:-$1}
     # base64: the ssh session may be a terminal, which would not carry binary bytes intact
-    vg ssh -c "sudo dmesg > /tmp/$1/dmesg.txt; sudo tar -C /tmp -cz $1 | base64 -w0" | tr -d '\r' | base64 -d > "$LABCTL_VM_KEEP/$1.tar.gz" &&
-      say "kept $LABCTL_VM_KEEP/$1.tar.gz" || say "could not copy /tmp/$1 out of the guest"
+    vg ssh -c "sudo dmesg > /tmp/$1/dmesg.txt; sudo tar -C /tmp -cz $1 | base64 -w0" | tr -d '\r' | base64 -d > "$LABCTL_VM_KEEP/$name.tar.gz" &&
+      say "kept $LABCTL_VM_KEEP/$name.tar.gz" || say "could not copy /tmp/$1 out of the guest"
   fi
 }
 # an emulated CPU runs the agents and the controller 5-10x slower (README, "Prefer a VM?"): its
@@ -183,9 +193,20 @@ tcg_sets() { echo "\$( [ \"\$(systemd-detect-virt --vm)\" = qemu ] && echo --set
 # shaping at 1 Gbit/s needs a sender faster than that: an emulated one reaches about 0.7 Gbit/s
 shaping='k=""; [ "$(systemd-detect-virt --vm)" = qemu ] && k="not 1G and not 400G"; '
 step doctor 'echo "guest kernel: $(uname -r), CPU: $(systemd-detect-virt --vm)"; sudo COLUMNS=150 labctl doctor'
-step demo 'cd /vagrant && sudo ./install.sh --demo'
+dilation_of() { case "$1" in ecmp-entropy) echo 64000 ;; *) echo 16000 ;; esac; }
+if [ "$mode" = repeat ]; then
+  passes=0
+  for k in $(seq "$repeat"); do
+    step "$repeat_exp run $k of $repeat" "cd /vagrant && sudo rm -rf /tmp/$repeat_exp && sudo labctl run experiments/$repeat_exp.yml --out /tmp/$repeat_exp $(tcg_sets "$(dilation_of "$repeat_exp")")"
+    if [ -n "$step_failed" ]; then show_experiment "$repeat_exp"; else passes=$((passes + 1)); fi
+    keep_experiment "$repeat_exp" "$repeat_exp-$k"
+  done
+  say "$repeat_exp passed $passes of $repeat runs in one guest"
+else
+  step demo 'cd /vagrant && sudo ./install.sh --demo'
+fi
 if [ "$mode" = full ]; then
-  for e in incast-pfc:16000 ecmp-entropy:64000; do
+  for e in incast-pfc:$(dilation_of incast-pfc) ecmp-entropy:$(dilation_of ecmp-entropy); do
     step "experiment ${e%%:*}" "cd /vagrant && sudo labctl run experiments/${e%%:*}.yml --out /tmp/${e%%:*} $(tcg_sets "${e##*:}")"
     [ -n "$step_failed" ] && show_experiment "${e%%:*}"
     keep_experiment "${e%%:*}"
