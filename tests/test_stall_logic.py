@@ -44,3 +44,16 @@ def test_reads_too_short_to_be_kept_count_as_the_controllers_own():
     s = reaction.summary(hist(0.001, 0.004), 0.03, [], {})
     assert s["own_worst_s"] == pytest.approx(0.0045) and s["controller_within_headroom"]
     assert "machine" not in reaction.describe(s)
+
+
+def test_a_slow_read_that_was_not_kept_is_the_controllers_own():
+    # a stretch whose worst read (over 200 ms) fell out of the kept list: the kept ones, all
+    # covered by a machine stall, must not vouch for it
+    h = hist(0.001, 0.0455, 0.25)
+    stalled = {0: [[50.0, 0.040]]}
+    s = reaction.summary(h, 0.2, [(50.001, 0.0455)], stalled)
+    assert s["worst_s"] == float("inf") and s["own_worst_s"] == float("inf")
+    assert not s["controller_within_headroom"] and "WORSE THAN THE HEADROOM COVERS" in reaction.describe(s)
+    # the same stretch with its worst read kept: the machine's stall is taken out as before
+    s = reaction.summary(hist(0.001, 0.0455), 0.03, [(50.001, 0.0455)], stalled)
+    assert s["controller_within_headroom"] and s["own_worst_s"] == pytest.approx(0.0055, abs=1e-4)
