@@ -48,6 +48,7 @@ def setup(monkeypatch):
     c.idle = IDLE
     c.pfc_activity = 0
     c.active = {}
+    c.slow_steps, c.slow_count = ctl.deque(maxlen=64), 0
     node = SimpleNamespace(switching=True, name="leaf1")
     port, feeder = FakePort("spine1"), FakePort("gpu0")   # gpu0's traffic can queue toward spine1
     sw = Switch(node, sock=None, nft=Recorder(), family="ip")
@@ -107,3 +108,17 @@ def test_idle_reads_stay_within_their_budget_and_the_headroom_follows():
     assert qos.pfc_response_s(big) == pytest.approx(qos.PFC_RESPONSE_S + idle - IDLE)
     small = qos.headroom(100_000_000, 4, 0, 1538)
     assert qos.headroom(100_000_000, 4, 0, 1538, qos.pfc_response_s(big)) > 2 * small
+
+
+def test_a_slow_part_of_the_loop_is_kept_with_its_name_and_logged(setup, capsys):
+    import time as _time
+    c, sw, port, feeder, backlogs = setup
+    slow_run = sw.nft.run
+    sw.nft.run = lambda commands: (_time.sleep(ctl.SLOW_STEP_S + 0.02), slow_run(commands))[1]
+    backlogs[ECN_KEY] = KMAX + 1                       # marking starts: one nftables change, slow
+    c.poll(sw)
+    assert c.slow_count == 1 and [(what, node) for _, what, node, _ in c.slow_steps] == [("ecn rule", "leaf1")]
+    assert c.slow_steps[0][3] >= ctl.SLOW_STEP_S + 0.02
+    assert "slow ecn rule at leaf1" in capsys.readouterr().err
+    c.poll(sw)                                         # same level: no change, nothing slow
+    assert c.slow_count == 1

@@ -45,3 +45,9 @@ def test_chain_rules():
     assert "numgen random mod 65536 < 6554 ip ecn set ce" in ecn.chain_rules(5, 3, 6554)
     assert "numgen" not in ecn.chain_rules(5, 3, ecn.SCALE) and "ip ecn set ce" in ecn.chain_rules(5, 3, ecn.SCALE)
     assert "oif 5 meta priority 1:13 jump ecn_5_3" in ecn.setup_rules([(5, 3, 0x13)])
+
+
+def test_the_warm_up_uses_every_marking_expression_and_leaves_the_chain_empty():
+    rules = ecn.warm_up_rules(5, 3, "bridge")
+    assert "numgen random mod 65536 < 1 ip ecn set ce counter name" in rules
+    assert rules.strip().splitlines()[-1] == "flush chain bridge labctl ecn_5_3"

@@ -38,6 +38,10 @@ from labctl.backends.nft import Nft
 from labctl.plan.model import LabPlan, Node
 
 FAST, IDLE = 0.001, qos.CONTROLLER_IDLE_S   # IDLE: unless the lab is large (qos.controller_idle_s)
+# a part of the loop slower than this is kept with its name (pfc.json slow_steps) and logged: a
+# reaction histogram says that the controller was late, this says in what (a TCG incast's first
+# pause came 1.8 s after its queue passed XOFF, and nothing showed where the time went)
+SLOW_STEP_S = 0.05
 COUNTERS_EVERY, COUNTERS_AT_LEAST = 0.01, 1.0
 
 
@@ -97,6 +101,8 @@ class Controller:
         # the slow ones with their time, so that a run can take out what the machine stalled (stallwatch.py)
         self.long_reads: deque = deque(maxlen=reaction.LONG_READS_KEPT)
         self.long_count = 0
+        self.slow_steps: deque = deque(maxlen=64)     # (end, what, node, seconds), see SLOW_STEP_S
+        self.slow_count = 0
         self.errors: list[str] = []     # control files refused, newest last (shown by `labctl status`)
         macs = {(n.name, i.name): i.mac for n in plan.nodes for i in n.interfaces}
         served = []
@@ -110,6 +116,7 @@ class Controller:
         # (1,024): every context opens before the thousands of PFC sockets of a large lab
         contexts = {node.name: Nft(node.namespace) for node, _, ports in served if ports}
         self.waiter = Waiter()           # not select(): no ceiling on the PFC sockets' descriptors
+        self.expressions_loaded = False  # ecn.warm_up_rules ran (once: the kernel's modules are global)
         self.kick_socks = []
         for node, lossless, ports in served:
             with nsutil.entered(node.namespace):
@@ -121,6 +128,12 @@ class Controller:
                         feeders=feeders.feeders(plan, node) if node.switching else {}, family=nft_family(node))
             if ports:
                 sw.nft.run(ecn.setup_rules(ports, nft_family(node)))
+                if not self.expressions_loaded:
+                    t = time.monotonic()
+                    sw.nft.run(ecn.warm_up_rules(ports[0][0], ports[0][1], nft_family(node)))
+                    self.expressions_loaded = True
+                    print(f"nftables marking expressions ready in {(time.monotonic() - t) * 1e3:.0f} ms",
+                          file=sys.stderr, flush=True)
             for i in node.interfaces:
                 for c in i.shaping.classes:
                     self.classes[(node.name, i.index, c.tc)] = (node, i, c)
@@ -214,6 +227,7 @@ class Controller:
             backlogs = qdepth.backlogs_get(sw.sock, (b"".join(sw.messages[i] for i in places), sw.request[1]),
                                            len(places)) if places else {}
             backlogs.update(known)
+        self._timed("read", sw, now)
         sw.backlogs = backlogs
         shared = self.plan.shared_buffer if sw.node.switching else None
         used = sum(backlogs.get(key, 0) for key in sw.pfc) if shared else 0
@@ -227,8 +241,10 @@ class Controller:
                 tc, st = marking
                 n = ecn.level(backlog, st.kmin, st.kmax, st.pmax, sw.marking[(key[0], tc)]) if st.ecn else 0
                 if n != sw.marking[(key[0], tc)]:
+                    t = time.monotonic()
                     sw.nft.run(ecn.chain_rules(key[0], tc, n, sw.family))
                     sw.marking[(key[0], tc)] = n
+                    self._timed("ecn rule", sw, t)
                 if st.ecn:
                     threshold = st.kmin if backlog < st.kmin else 0
             port = sw.pfc.get(key)
@@ -254,7 +270,9 @@ class Controller:
                 sw.stateful.discard(key)
         if sw.node.switching and sw.pfc and (congested or sw.asserting):
             self.pfc_activity += 1
+            t = time.monotonic()
             self._assert_pfc(sw, congested, now, self.active)
+            self._timed("pause send", sw, t)
             if sw.asserting:
                 due = 0.0            # a pause to refresh or release
         sw.polls += 1
@@ -267,14 +285,18 @@ class Controller:
         if self.pfc_fds:
             for fd in self.waiter.wait(0):
                 port = self.pfc_by_fd[fd]
+                t = time.monotonic()
                 port.receive(now)
+                self._timed("pause obey", port.node, t)
                 self.active[port] = None
                 self.pfc_activity += 1
                 if port.state.paused_until:
                     self.held.add(port)
         ends = None
         for port in list(self.held):   # only held ports: a 1,024-GPU lab has 5,000 of them
+            t = time.monotonic()
             port.expire(now)
+            self._timed("pause expiry", port.node, t)
             if port.state.paused_until:
                 left = port.state.paused_until - now
                 ends = left if ends is None else min(ends, left)
@@ -319,6 +341,7 @@ class Controller:
         now = time.monotonic()
         if now >= self.next_scan:
             copied, reached, room = self.bounds.scan()
+            self._timed("arrival scan", None, now)
             planned = min(self.idle, max(FAST, room / 2))
             for k, sw in enumerate(self.switches):
                 if not (reached[k] or sw.must):
@@ -344,6 +367,15 @@ class Controller:
         if ends is not None:
             wake = min(wake, now + ends)
         return min(wake, now + self.idle)
+
+    def _timed(self, what: str, where, start: float) -> None:
+        """Keep and log a part of the loop that took longer than SLOW_STEP_S (`where`: a Switch or a Node)."""
+        end = time.monotonic()
+        if end - start > SLOW_STEP_S:
+            node = getattr(getattr(where, "node", where), "name", None) or "-"
+            self.slow_steps.append((round(end, 6), what, node, round(end - start, 6)))
+            self.slow_count += 1
+            print(f"slow {what} at {node}: {(end - start) * 1e3:.0f} ms", file=sys.stderr, flush=True)
 
     def _record(self, took: float, start: float, end: float) -> None:
         """One reaction sample (the read itself took end - start of it)."""
@@ -373,14 +405,15 @@ class Controller:
             return
         # the change test looks at one number: comparing 5,000 ports' counters every 10 ms took
         # a third of the loop at 1,024 GPUs
-        summary = (self.generation, self.reactions.worst(), self.pfc_activity, self.long_count)
+        summary = (self.generation, self.reactions.worst(), self.pfc_activity, self.long_count, self.slow_count)
         if summary == self.last_written and not self.held and not force:
             return
         self.last_written = summary
         # made here and only written by the publisher: json.dumps holds the GIL (pfcport.counters_text)
         head = json.dumps({"time": now, "generation": self.generation,
                            "reaction_hist": self.reactions.to_list(), "work_hist": self.work.to_list(),
-                           "long_reads": list(self.long_reads), "errors": list(self.errors)})
+                           "long_reads": list(self.long_reads), "slow_steps": list(self.slow_steps),
+                           "errors": list(self.errors)})
         self.files.publish(f'{head[:-1]}, "ports": {pfcport.counters_text(self.active, self.port_text, now)}}}')
 
     def run(self, stop_when_gone: bool = True) -> None:
@@ -403,6 +436,7 @@ class Controller:
             if delay > 0:
                 # wake at once when a PFC frame arrives on any port
                 self.waiter.wait(delay)
+                self._timed("wake-up (late by)", None, wake)   # the CPU was not given back on time
 
 
 def needed(plan: LabPlan) -> bool:

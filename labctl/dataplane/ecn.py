@@ -63,3 +63,16 @@ def setup_rules(ports: list[tuple[int, int, int]], family: str = "ip") -> str:
         cmds.append(f"add chain {family} labctl {chain}")
         cmds.append(f"add rule {family} labctl classify oif {ifindex} meta priority 1:{minor:x} jump {chain}")
     return "\n".join(cmds) + "\n"
+
+
+def warm_up_rules(ifindex: int, tc: int, family: str = "ip") -> str:
+    """One transaction that adds a marking rule with every expression the controller's rules use, and
+    flushes it again: the chain ends as it was, and the kernel has what those rules need.
+
+    On a stock kernel `numgen` and the named counter's `objref` are modules, which nftables loads
+    when a rule first needs them (it aborts the transaction, runs modprobe and replays it). Left to
+    the first marking, that load ran inside the controller's real-time loop: in a QEMU guest without
+    KVM the controller then read nothing for 2.4 s, and a lossless incast overflowed two queues with
+    no pause sent. Loaded before the controller says ready, it costs `up` that time once."""
+    return chain_rules(ifindex, tc, 1, family) + f"flush chain {family} labctl {chain_name(ifindex, tc)}\n"
+
