@@ -181,7 +181,7 @@ keep_experiment() {   # DIR [NAME]: /tmp/DIR in the guest, kept as NAME.tar.gz
     mkdir -p "$LABCTL_VM_KEEP"
     local name=${2:-$1}
     # base64: the ssh session may be a terminal, which would not carry binary bytes intact
-    vg ssh -c "sudo dmesg > /tmp/$1/dmesg.txt; sudo tar -C /tmp -cz $1 | base64 -w0" | tr -d '\r' | base64 -d > "$LABCTL_VM_KEEP/$name.tar.gz" &&
+    vg ssh -c "sudo sh -c 'dmesg > /tmp/$1/dmesg.txt'; sudo tar -C /tmp -cz $1 | base64 -w0" | tr -d '\r' | base64 -d > "$LABCTL_VM_KEEP/$name.tar.gz" &&
       say "kept $LABCTL_VM_KEEP/$name.tar.gz" || say "could not copy /tmp/$1 out of the guest"
   fi
 }
