@@ -10,6 +10,7 @@ import pytest
 from labctl.dataplane import controller as ctl
 from labctl.dataplane import ecn, pfc
 from labctl.dataplane.controller import FAST, IDLE, Controller, Switch
+from labctl.telemetry import reaction
 
 RATE = 100_000_000                       # 12.5 MB/s per port
 KMIN, KMAX, XOFF, XON = 400_000, 1_600_000, 3_400_000, 3_380_000
@@ -48,7 +49,7 @@ def setup(monkeypatch):
     c.idle = IDLE
     c.pfc_activity = 0
     c.active = {}
-    c.slow_steps, c.slow_count = ctl.deque(maxlen=64), 0
+    c.slow = reaction.SlowSteps()
     node = SimpleNamespace(switching=True, name="leaf1")
     port, feeder = FakePort("spine1"), FakePort("gpu0")   # gpu0's traffic can queue toward spine1
     sw = Switch(node, sock=None, nft=Recorder(), family="ip")
@@ -114,11 +115,11 @@ def test_a_slow_part_of_the_loop_is_kept_with_its_name_and_logged(setup, capsys)
     import time as _time
     c, sw, port, feeder, backlogs = setup
     slow_run = sw.nft.run
-    sw.nft.run = lambda commands: (_time.sleep(ctl.SLOW_STEP_S + 0.02), slow_run(commands))[1]
+    sw.nft.run = lambda commands: (_time.sleep(reaction.SLOW_STEP_S + 0.02), slow_run(commands))[1]
     backlogs[ECN_KEY] = KMAX + 1                       # marking starts: one nftables change, slow
     c.poll(sw)
-    assert c.slow_count == 1 and [(what, node) for _, what, node, _ in c.slow_steps] == [("ecn rule", "leaf1")]
-    assert c.slow_steps[0][3] >= ctl.SLOW_STEP_S + 0.02
+    assert c.slow.count == 1 and [(what, node) for _, what, node, _ in c.slow.steps] == [("ecn rule", "leaf1")]
+    assert c.slow.steps[0][3] >= reaction.SLOW_STEP_S + 0.02
     assert "slow ecn rule at leaf1" in capsys.readouterr().err
     c.poll(sw)                                         # same level: no change, nothing slow
-    assert c.slow_count == 1
+    assert c.slow.count == 1

@@ -38,10 +38,6 @@ from labctl.backends.nft import Nft
 from labctl.plan.model import LabPlan, Node
 
 FAST, IDLE = 0.001, qos.CONTROLLER_IDLE_S   # IDLE: unless the lab is large (qos.controller_idle_s)
-# a part of the loop slower than this is kept with its name (pfc.json slow_steps) and logged: a
-# reaction histogram says that the controller was late, this says in what (a TCG incast's first
-# pause came 1.8 s after its queue passed XOFF, and nothing showed where the time went)
-SLOW_STEP_S = 0.05
 COUNTERS_EVERY, COUNTERS_AT_LEAST = 0.01, 1.0
 
 
@@ -101,8 +97,7 @@ class Controller:
         # the slow ones with their time, so that a run can take out what the machine stalled (stallwatch.py)
         self.long_reads: deque = deque(maxlen=reaction.LONG_READS_KEPT)
         self.long_count = 0
-        self.slow_steps: deque = deque(maxlen=64)     # (end, what, node, seconds), see SLOW_STEP_S
-        self.slow_count = 0
+        self.slow = reaction.SlowSteps()     # parts of the loop over reaction.SLOW_STEP_S, by name
         self.errors: list[str] = []     # control files refused, newest last (shown by `labctl status`)
         macs = {(n.name, i.name): i.mac for n in plan.nodes for i in n.interfaces}
         served = []
@@ -227,7 +222,7 @@ class Controller:
             backlogs = qdepth.backlogs_get(sw.sock, (b"".join(sw.messages[i] for i in places), sw.request[1]),
                                            len(places)) if places else {}
             backlogs.update(known)
-        self._timed("read", sw, now)
+        self.slow.note("read", sw.node.name, now)
         sw.backlogs = backlogs
         shared = self.plan.shared_buffer if sw.node.switching else None
         used = sum(backlogs.get(key, 0) for key in sw.pfc) if shared else 0
@@ -244,7 +239,7 @@ class Controller:
                     t = time.monotonic()
                     sw.nft.run(ecn.chain_rules(key[0], tc, n, sw.family))
                     sw.marking[(key[0], tc)] = n
-                    self._timed("ecn rule", sw, t)
+                    self.slow.note("ecn rule", sw.node.name, t)
                 if st.ecn:
                     threshold = st.kmin if backlog < st.kmin else 0
             port = sw.pfc.get(key)
@@ -272,7 +267,7 @@ class Controller:
             self.pfc_activity += 1
             t = time.monotonic()
             self._assert_pfc(sw, congested, now, self.active)
-            self._timed("pause send", sw, t)
+            self.slow.note("pause send", sw.node.name, t)
             if sw.asserting:
                 due = 0.0            # a pause to refresh or release
         sw.polls += 1
@@ -287,7 +282,7 @@ class Controller:
                 port = self.pfc_by_fd[fd]
                 t = time.monotonic()
                 port.receive(now)
-                self._timed("pause obey", port.node, t)
+                self.slow.note("pause obey", port.node.name, t)
                 self.active[port] = None
                 self.pfc_activity += 1
                 if port.state.paused_until:
@@ -296,7 +291,7 @@ class Controller:
         for port in list(self.held):   # only held ports: a 1,024-GPU lab has 5,000 of them
             t = time.monotonic()
             port.expire(now)
-            self._timed("pause expiry", port.node, t)
+            self.slow.note("pause expiry", port.node.name, t)
             if port.state.paused_until:
                 left = port.state.paused_until - now
                 ends = left if ends is None else min(ends, left)
@@ -341,7 +336,7 @@ class Controller:
         now = time.monotonic()
         if now >= self.next_scan:
             copied, reached, room = self.bounds.scan()
-            self._timed("arrival scan", None, now)
+            self.slow.note("arrival scan", "-", now)
             planned = min(self.idle, max(FAST, room / 2))
             for k, sw in enumerate(self.switches):
                 if not (reached[k] or sw.must):
@@ -367,15 +362,6 @@ class Controller:
         if ends is not None:
             wake = min(wake, now + ends)
         return min(wake, now + self.idle)
-
-    def _timed(self, what: str, where, start: float) -> None:
-        """Keep and log a part of the loop that took longer than SLOW_STEP_S (`where`: a Switch or a Node)."""
-        end = time.monotonic()
-        if end - start > SLOW_STEP_S:
-            node = getattr(getattr(where, "node", where), "name", None) or "-"
-            self.slow_steps.append((round(end, 6), what, node, round(end - start, 6)))
-            self.slow_count += 1
-            print(f"slow {what} at {node}: {(end - start) * 1e3:.0f} ms", file=sys.stderr, flush=True)
 
     def _record(self, took: float, start: float, end: float) -> None:
         """One reaction sample (the read itself took end - start of it)."""
@@ -405,14 +391,14 @@ class Controller:
             return
         # the change test looks at one number: comparing 5,000 ports' counters every 10 ms took
         # a third of the loop at 1,024 GPUs
-        summary = (self.generation, self.reactions.worst(), self.pfc_activity, self.long_count, self.slow_count)
+        summary = (self.generation, self.reactions.worst(), self.pfc_activity, self.long_count, self.slow.count)
         if summary == self.last_written and not self.held and not force:
             return
         self.last_written = summary
         # made here and only written by the publisher: json.dumps holds the GIL (pfcport.counters_text)
         head = json.dumps({"time": now, "generation": self.generation,
                            "reaction_hist": self.reactions.to_list(), "work_hist": self.work.to_list(),
-                           "long_reads": list(self.long_reads), "slow_steps": list(self.slow_steps),
+                           "long_reads": list(self.long_reads), "slow_steps": list(self.slow.steps),
                            "errors": list(self.errors)})
         self.files.publish(f'{head[:-1]}, "ports": {pfcport.counters_text(self.active, self.port_text, now)}}}')
 
@@ -436,7 +422,7 @@ class Controller:
             if delay > 0:
                 # wake at once when a PFC frame arrives on any port
                 self.waiter.wait(delay)
-                self._timed("wake-up (late by)", None, wake)   # the CPU was not given back on time
+                self.slow.note("wake-up (late by)", "-", wake)   # the CPU was not given back on time
 
 
 def needed(plan: LabPlan) -> bool:

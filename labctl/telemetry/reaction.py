@@ -13,12 +13,19 @@ The headroom is sized for the controller's part; a machine that stalls longer is
 """
 from __future__ import annotations
 
+import sys
+import time
+from collections import deque
 from dataclasses import dataclass, field
 
 STEP_S = 0.0005            # bucket width, lab seconds
 BUCKETS = 400              # 0..200 ms, and one more for anything longer
 LONG_READ_S = 0.005        # intervals longer than this are also kept with their time (pfc.json long_reads)
 LONG_READS_KEPT = 512
+# a part of the loop slower than this is kept with its name (pfc.json slow_steps) and logged: the
+# histogram says that the controller was late, this says in what (a TCG incast's first pause came
+# 1.8 s after its queue passed XOFF, and nothing showed where the time went)
+SLOW_STEP_S = 0.05
 
 
 @dataclass
@@ -61,6 +68,22 @@ class Histogram:
         if not isinstance(counts, list) or len(counts) != BUCKETS + 1:
             return cls()
         return cls([int(c) for c in counts])
+
+
+class SlowSteps:
+    """The controller's slow steps: (end, what, node, seconds) of the latest `kept`, and how many."""
+
+    def __init__(self, kept: int = 64):
+        self.steps: deque = deque(maxlen=kept)
+        self.count = 0
+
+    def note(self, what: str, node: str, start: float) -> None:
+        """A step of the loop that began at `start` (time.monotonic()) ends now: kept and logged if slow."""
+        end = time.monotonic()
+        if end - start > SLOW_STEP_S:
+            self.steps.append((round(end, 6), what, node, round(end - start, 6)))
+            self.count += 1
+            print(f"slow {what} at {node}: {(end - start) * 1e3:.0f} ms", file=sys.stderr, flush=True)
 
 
 def summary(h: Histogram, sized_for_s: float, long_reads: list | None = None,
