@@ -43,7 +43,7 @@ def bgp_lab(docker_engine, tmp_path_factory):
         if _exists(name):
             labmod.down(name)
         assert lab_namespaces(name + "-") == []
-        assert docker_engine.containers.list(all=True, filters={"label": f"labctl.lab={name}"}) == []
+        assert docker_engine.containers.list(all=True, filters={"label": f"labctl.lab={name}"}, ignore_removed=True) == []
         if old is None:
             os.environ.pop("LABCTL_STATE_DIR", None)
         else:

@@ -36,7 +36,9 @@ CONVERGE_S = 40           # OSPF in the frr corpus file: hello 1 s, dead 4 s
 
 
 def lab_containers(client, lab: str) -> list[str]:
-    return [c.name for c in client.containers.list(all=True, filters={"label": f"labctl.lab={lab}"})]
+    # a container the engine removes while it is listed (a create cut off by SIGKILL) is not an error
+    return [c.name for c in client.containers.list(all=True, filters={"label": f"labctl.lab={lab}"},
+                                                   ignore_removed=True)]
 
 
 def assert_nothing_left(client, lab: str, journal_pids: list[str]) -> None:
@@ -125,10 +127,10 @@ def test_containerlab_corpus_comes_up_and_pings_after_its_exec_lines(docker_engi
 
 @pytest.mark.parametrize("path", sorted((CLAB / "nos").glob("*.clab.yml")), ids=lambda p: p.stem)
 def test_network_os_file_is_refused_and_creates_nothing(docker_engine, state_dir, lab_name, path):
-    before = {c.name for c in docker_engine.containers.list(all=True)}
+    before = {c.name for c in docker_engine.containers.list(all=True, ignore_removed=True)}
     with pytest.raises(InputError, match="a network OS labctl cannot run"):
         labmod.up(str(path), name=lab_name)
-    assert {c.name for c in docker_engine.containers.list(all=True)} == before
+    assert {c.name for c in docker_engine.containers.list(all=True, ignore_removed=True)} == before
     assert lab_namespaces(lab_name + "-") == [] and not state.lab_dir(lab_name).path.exists()
 
 

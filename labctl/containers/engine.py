@@ -142,7 +142,7 @@ def stop(force: bool = False) -> bool:
     if not force and answering():
         c = client(timeout=10)
         try:
-            running = c.containers.list(all=True)
+            running = c.containers.list(all=True, ignore_removed=True)   # one may go while listed
         finally:
             c.close()
         if running:
