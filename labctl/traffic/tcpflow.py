@@ -83,6 +83,7 @@ class FlowRun:
         self.lock = threading.Lock()
         self.threads: list[threading.Thread] = []
         self.listeners: list[socket.socket] = []
+        self.acceptors: list[threading.Thread] = []
         self.t0 = 0.0
         for addr in {(t.namespace, t.address) for s in sequences for t in s.targets}:
             with nsutil.entered(addr[0]):
@@ -95,8 +96,7 @@ class FlowRun:
 
     def start(self) -> "FlowRun":
         self.t0 = time.monotonic()
-        for sock in self.listeners:
-            self._thread(self._accept, sock)
+        self.acceptors = [self._thread(self._accept, sock) for sock in self.listeners]
         self.senders = [self._thread(self._send_all, s) for s in self.sequences]
         return self
 
@@ -191,6 +191,10 @@ class FlowRun:
         self.stop.set()
         for th in self.senders:
             th.join(timeout=10)
+        # An accept thread polling the listener holds the kernel socket open past close(), so a run
+        # started at once would find the port still listening: stop the acceptors first
+        for th in self.acceptors:
+            th.join(timeout=5)
         for sock in self.listeners:
             sock.close()
         with self.lock:

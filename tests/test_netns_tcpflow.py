@@ -1,0 +1,32 @@
+"""The TCP flow runner on loopback in a namespace of the test's own: transfers arrive whole, and a run's
+listener is gone when close() returns, so the next run binds the same port at once (CI once failed
+with "Address already in use": close() had closed the listener while its accept thread still polled it)."""
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from conftest import require_root
+from labctl.backends import nsutil
+from labctl.traffic.tcpflow import FlowRun, Sequence, Target
+
+pytestmark = pytest.mark.netns
+
+
+def test_back_to_back_runs_reuse_the_port_and_deliver_every_byte(lab_name):
+    require_root()
+    ns = f"{lab_name}-tcp"
+    nsutil.create(ns)
+    try:
+        subprocess.run(["ip", "-n", ns, "link", "set", "lo", "up"], check=True)
+        target = Target("lo", ns, "127.0.0.1")
+        for attempt in range(10):
+            run = FlowRun([Sequence("bulk", "lo", ns, [target], 2_000_000)]).start()
+            assert run.wait(timeout=30), f"run {attempt} did not finish"
+            (t,) = run.close()
+            assert (t["received"], t["error"]) == (2_000_000, ""), (attempt, t)
+            assert not any(th.is_alive() for th in run.acceptors), f"run {attempt}: an accept thread outlived close()"
+
+    finally:
+        nsutil.remove(ns)
