@@ -2,6 +2,7 @@
 so they never touch another lab, and always tear down what they built, even when they fail."""
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import uuid
@@ -64,6 +65,21 @@ def state_dir(tmp_path, monkeypatch):
     d = tmp_path / "state"
     monkeypatch.setenv("LABCTL_STATE_DIR", str(d))
     return d
+
+
+@contextlib.contextmanager
+def module_state_dir(tmp_path_factory):
+    """A module-scoped fixture's own state directory, under pytest's temporary tree (which pytest
+    prunes), and the caller's LABCTL_STATE_DIR back afterwards."""
+    old = os.environ.get("LABCTL_STATE_DIR")
+    os.environ["LABCTL_STATE_DIR"] = str(tmp_path_factory.mktemp("state"))
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("LABCTL_STATE_DIR", None)
+        else:
+            os.environ["LABCTL_STATE_DIR"] = old
 
 
 def lab_namespaces(prefix: str) -> list[str]:

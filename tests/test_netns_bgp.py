@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import lab_namespaces
+from conftest import lab_namespaces, module_state_dir
 from netutil import wait_for
 from labctl import lifecycle as labmod
 from labctl.lifecycle import convergence
@@ -31,23 +31,18 @@ BFD_UP_S = 10
 
 @pytest.fixture(scope="module")
 def bgp_lab(docker_engine, tmp_path_factory):
-    import os
     import uuid
-    old = os.environ.get("LABCTL_STATE_DIR")
-    os.environ["LABCTL_STATE_DIR"] = str(tmp_path_factory.mktemp("state"))
     name = f"lt{uuid.uuid4().hex[:6]}"
-    try:
-        plan, lab, _ = labmod.up(str(BGP_LAB), name=name)
-        yield plan, lab
-    finally:
-        if _exists(name):
-            labmod.down(name)
-        assert lab_namespaces(name + "-") == []
-        assert docker_engine.containers.list(all=True, filters={"label": f"labctl.lab={name}"}, ignore_removed=True) == []
-        if old is None:
-            os.environ.pop("LABCTL_STATE_DIR", None)
-        else:
-            os.environ["LABCTL_STATE_DIR"] = old
+    with module_state_dir(tmp_path_factory):
+        try:
+            plan, lab, _ = labmod.up(str(BGP_LAB), name=name)
+            yield plan, lab
+        finally:
+            if _exists(name):
+                labmod.down(name)
+            assert lab_namespaces(name + "-") == []
+            assert docker_engine.containers.list(all=True, filters={"label": f"labctl.lab={name}"},
+                                                 ignore_removed=True) == []
 
 
 def _exists(name: str) -> bool:

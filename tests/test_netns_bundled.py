@@ -2,15 +2,13 @@
 clean; every workload runs, at its smallest size, with every byte accounted."""
 from __future__ import annotations
 
-import os
-import tempfile
 import uuid
 from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import lab_namespaces, require_root
+from conftest import lab_namespaces, module_state_dir, require_root
 from labctl import lifecycle as labmod
 from labctl import procs, state
 from labctl.traffic.run import run_workload
@@ -40,26 +38,21 @@ def test_every_bundled_topology_comes_up_reaches_every_pair_and_goes_down_clean(
 
 
 @pytest.fixture(scope="module")
-def labs():
+def labs(tmp_path_factory):
     """The bundled leaf-spine and ai-cluster, up for this module's workloads."""
     require_root()
-    old = os.environ.get("LABCTL_STATE_DIR")
-    os.environ["LABCTL_STATE_DIR"] = tempfile.mkdtemp(prefix="labctl-test-")
     names = {t: f"lt{uuid.uuid4().hex[:6]}" for t in ("leaf-spine", "ai-cluster")}
     made = {}
-    try:
-        for t, name in names.items():
-            made[t] = labmod.up(str(ROOT / "topologies" / f"{t}.yml"), name=name)[:2]
-        yield made
-    finally:
-        for name in names.values():
-            if state.lab_dir(name).path.exists():
-                labmod.down(name)
-            assert lab_namespaces(name + "-") == []
-        if old is None:
-            os.environ.pop("LABCTL_STATE_DIR", None)
-        else:
-            os.environ["LABCTL_STATE_DIR"] = old
+    with module_state_dir(tmp_path_factory):
+        try:
+            for t, name in names.items():
+                made[t] = labmod.up(str(ROOT / "topologies" / f"{t}.yml"), name=name)[:2]
+            yield made
+        finally:
+            for name in names.values():
+                if state.lab_dir(name).path.exists():
+                    labmod.down(name)
+                assert lab_namespaces(name + "-") == []
 
 
 def smallest(workload: Path, tmp_path: Path) -> Path:

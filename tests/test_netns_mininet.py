@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import lab_namespaces, require_root
+from conftest import lab_namespaces, module_state_dir, require_root
 from labctl import exports, procs, state
 from labctl import lifecycle as labmod
 from labctl.backends import mininet as mininet_backend
@@ -53,27 +53,22 @@ def assert_nothing_left(name: str, lab: state.LabDir, pids: list[str], shells_be
 
 
 @pytest.fixture(scope="module")
-def twins():
+def twins(tmp_path_factory):
     """The bundled leaf-spine twice: by the netns backend and by the mininet backend."""
     require_root()
     assert mininet_backend.available() is None, mininet_backend.available()
-    old = os.environ.get("LABCTL_STATE_DIR")
-    os.environ["LABCTL_STATE_DIR"] = f"/tmp/labctl-test-{uuid.uuid4().hex[:8]}"
     names = {b: f"lt{uuid.uuid4().hex[:6]}" for b in ("netns", "mininet")}
     made = {}
-    try:
-        for backend, name in names.items():
-            made[backend] = labmod.up(str(ROOT / "topologies" / "leaf-spine.yml"), name=name, backend=backend)[:2]
-        yield made
-    finally:
-        for name in names.values():
-            if state.lab_dir(name).path.exists():
-                labmod.down(name)
-            assert lab_namespaces(name + "-") == []
-        if old is None:
-            os.environ.pop("LABCTL_STATE_DIR", None)
-        else:
-            os.environ["LABCTL_STATE_DIR"] = old
+    with module_state_dir(tmp_path_factory):
+        try:
+            for backend, name in names.items():
+                made[backend] = labmod.up(str(ROOT / "topologies" / "leaf-spine.yml"), name=name, backend=backend)[:2]
+            yield made
+        finally:
+            for name in names.values():
+                if state.lab_dir(name).path.exists():
+                    labmod.down(name)
+                assert lab_namespaces(name + "-") == []
 
 
 def test_mininet_builds_the_lab_with_its_own_nodes_and_links(twins):

@@ -2,11 +2,9 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import struct
 import subprocess
-import tempfile
 import time
 import uuid
 import zlib
@@ -14,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import lab_namespaces, require_root
+from conftest import lab_namespaces, module_state_dir, require_root
 from labctl import lifecycle as labmod
 from labctl import state
 from labctl import backends
@@ -37,26 +35,21 @@ def ring_spines(plan) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def lab():
+def lab(tmp_path_factory):
     """The bundled leaf-spine (100 Mbit/s links at dilation 4000) without PFC, shared by this module's
     tests: the incasts here are about how loss is accounted and recovered (PFC has its own tests)."""
     require_root()
-    old = os.environ.get("LABCTL_STATE_DIR")
-    os.environ["LABCTL_STATE_DIR"] = tempfile.mkdtemp(prefix="labctl-test-")
     name = f"lt{uuid.uuid4().hex[:6]}"
-    try:
-        plan, d, _ = labmod.up(str(ROOT / "topologies" / "leaf-spine.yml"), ["pfc=false", RING_SEED], name=name)
-        spines = ring_spines(plan)
-        assert len(spines) == 2 and len(set(spines)) == 2, f"the ring's fabric hops share a spine: {spines}"
-        yield plan, d
-    finally:
-        if state.lab_dir(name).path.exists():
-            backends.get("netns").destroy(state.lab_dir(name))
-        if old is None:
-            os.environ.pop("LABCTL_STATE_DIR", None)
-        else:
-            os.environ["LABCTL_STATE_DIR"] = old
-        assert lab_namespaces(name + "-") == []
+    with module_state_dir(tmp_path_factory):
+        try:
+            plan, d, _ = labmod.up(str(ROOT / "topologies" / "leaf-spine.yml"), ["pfc=false", RING_SEED], name=name)
+            spines = ring_spines(plan)
+            assert len(spines) == 2 and len(set(spines)) == 2, f"the ring's fabric hops share a spine: {spines}"
+            yield plan, d
+        finally:
+            if state.lab_dir(name).path.exists():
+                backends.get("netns").destroy(state.lab_dir(name))
+            assert lab_namespaces(name + "-") == []
 
 
 def workload(tmp_path: Path, text: str):

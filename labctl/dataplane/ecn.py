@@ -75,4 +75,3 @@ def warm_up_rules(ifindex: int, tc: int, family: str = "ip") -> str:
     KVM the controller then read nothing for 2.4 s, and a lossless incast overflowed two queues with
     no pause sent. Loaded before the controller says ready, it costs `up` that time once."""
     return chain_rules(ifindex, tc, 1, family) + f"flush chain {family} labctl {chain_name(ifindex, tc)}\n"
-
