@@ -1,6 +1,9 @@
 """How a run tells the controller's slowness from the machine's stalls (pure logic, no root)."""
 from __future__ import annotations
 
+import json
+import os
+
 import pytest
 
 from labctl.telemetry import reaction, stallwatch
@@ -52,8 +55,49 @@ def test_a_slow_read_that_was_not_kept_is_the_controllers_own():
     h = hist(0.001, 0.0455, 0.25)
     stalled = {0: [[50.0, 0.040]]}
     s = reaction.summary(h, 0.2, [(50.001, 0.0455)], stalled)
-    assert s["worst_s"] == float("inf") and s["own_worst_s"] == float("inf")
+    assert s["worst_s"] == pytest.approx(0.26) and s["own_worst_s"] == pytest.approx(0.26)
     assert not s["controller_within_headroom"] and "WORSE THAN THE HEADROOM COVERS" in reaction.describe(s)
     # the same stretch with its worst read kept: the machine's stall is taken out as before
     s = reaction.summary(hist(0.001, 0.0455), 0.03, [(50.001, 0.0455)], stalled)
     assert s["controller_within_headroom"] and s["own_worst_s"] == pytest.approx(0.0055, abs=1e-4)
+
+
+def test_reads_between_200_ms_and_2_s_are_measured_and_judged_against_the_headroom():
+    # a TCG guest's controller sized for 400 ms: a 300 ms read is within it, not "over 200 ms"
+    s = reaction.summary(hist(0.001, 0.3), 0.4)
+    assert s["worst_s"] == pytest.approx(0.31) and s["within_headroom"]
+    assert "worst 310.0 ms" in reaction.describe(s)
+    s = reaction.summary(hist(0.001, 0.45), 0.4)
+    assert s["worst_s"] == pytest.approx(0.46) and not s["within_headroom"]
+    assert reaction.summary(hist(0.1995), 0.4)["worst_s"] == pytest.approx(0.2)
+    assert reaction.summary(hist(0.2), 0.4)["worst_s"] == pytest.approx(0.21)
+    s = reaction.summary(hist(2.5), 0.4)
+    assert s["worst_s"] == float("inf") and "worst over 2 s" in reaction.describe(s)
+
+
+def test_an_older_controllers_histogram_keeps_its_counts():
+    old = [0] * (reaction.FINE + 1)
+    old[10], old[reaction.FINE] = 3, 1          # three reads of 5-5.5 ms, one over 200 ms
+    h = reaction.Histogram.from_list(old)
+    assert h.samples == 4 and h.worst() == float("inf") and h.quantile(0.5) == pytest.approx(0.0055)
+
+
+def test_a_runs_slow_reads_include_those_the_controller_listed_and_then_dropped(tmp_path):
+    """The sampler keeps every slow read it saw in pfc.json; the run's list is those and the file's."""
+    from labctl.telemetry.sampler import PfcFile
+    f = tmp_path / "pfc.json"
+    watch = PfcFile(f)
+
+    def publish(reads, mtime):
+        f.write_text(json.dumps({"ports": [], "long_reads": reads}))
+        os.utime(f, (mtime, mtime))
+        watch.get()
+
+    publish([[9.0, 0.006], [10.0, 0.25], [11.0, 0.007]], 1)
+    publish([[11.0, 0.007], [12.0, 0.008]], 2)          # 9.0 and the 250 ms read were pushed out
+    assert watch.long_reads == {9.0: 0.006, 10.0: 0.25, 11.0: 0.007, 12.0: 0.008}
+    assert reaction.read_long(tmp_path, 10.0, watch.long_reads) == [(10.0, 0.25), (11.0, 0.007), (12.0, 0.008)]
+    # with the worst read accounted for, a machine stall that covered it is taken out
+    s = reaction.summary(hist(0.006, 0.25, 0.007, 0.008), 0.4, reaction.read_long(tmp_path, 10.0, watch.long_reads),
+                         {0: [[10.0, 0.245]]})
+    assert s["own_worst_s"] == pytest.approx(0.008) and s["controller_within_headroom"]

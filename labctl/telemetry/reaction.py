@@ -18,8 +18,12 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-STEP_S = 0.0005            # bucket width, lab seconds
-BUCKETS = 400              # 0..200 ms, and one more for anything longer
+STEP_S = 0.0005            # bucket width up to FINE_S, lab seconds
+FINE_S = 0.2
+COARSE_STEP_S = 0.01       # from FINE_S to COARSE_S: headroom sized for hundreds of ms (an emulated
+COARSE_S = 2.0             # CPU's) is judged too; at 200 ms a read within 400 ms of headroom read "over"
+FINE = round(FINE_S / STEP_S)
+BUCKETS = FINE + round((COARSE_S - FINE_S) / COARSE_STEP_S)   # and one more for anything longer
 LONG_READ_S = 0.005        # intervals longer than this are also kept with their time (pfc.json long_reads)
 LONG_READS_KEPT = 512
 # a part of the loop slower than this is kept with its name (pfc.json slow_steps) and logged: the
@@ -33,7 +37,7 @@ class Histogram:
     counts: list[int] = field(default_factory=lambda: [0] * (BUCKETS + 1))
 
     def add(self, seconds: float) -> None:
-        self.counts[min(BUCKETS, int(seconds / STEP_S))] += 1
+        self.counts[bucket(seconds)] += 1
 
     @property
     def samples(self) -> int:
@@ -43,7 +47,7 @@ class Histogram:
         """The upper edge of the highest bucket that holds a sample (inf past the last one)."""
         for i in range(BUCKETS, -1, -1):
             if self.counts[i]:
-                return float("inf") if i == BUCKETS else (i + 1) * STEP_S
+                return upper_edge(i)
         return 0.0
 
     def quantile(self, q: float) -> float:
@@ -54,7 +58,7 @@ class Histogram:
         for i, c in enumerate(self.counts):
             seen += c
             if seen >= q * total:
-                return float("inf") if i == BUCKETS else (i + 1) * STEP_S
+                return upper_edge(i)
         return self.worst()
 
     def minus(self, before: "Histogram") -> "Histogram":
@@ -65,9 +69,26 @@ class Histogram:
 
     @classmethod
     def from_list(cls, counts) -> "Histogram":
+        if isinstance(counts, list) and len(counts) == FINE + 1:
+            # a controller started by an older labctl: 0.5 ms buckets to 200 ms, then "longer"
+            counts = counts[:FINE] + [0] * (BUCKETS - FINE) + counts[FINE:]
         if not isinstance(counts, list) or len(counts) != BUCKETS + 1:
             return cls()
         return cls([int(c) for c in counts])
+
+
+def bucket(seconds: float) -> int:
+    # rounded first: (0.3 - 0.2) / 0.01 is 9.999..., and 300 ms belongs in [300, 310)
+    if seconds < FINE_S:
+        return int(round(seconds / STEP_S, 6))
+    return min(BUCKETS, FINE + int(round((seconds - FINE_S) / COARSE_STEP_S, 6)))
+
+
+def upper_edge(i: int) -> float:
+    """Of bucket i, in seconds (inf for the last, which holds anything past COARSE_S)."""
+    if i >= BUCKETS:
+        return float("inf")
+    return (i + 1) * STEP_S if i < FINE else round(FINE_S + (i - FINE + 1) * COARSE_STEP_S, 6)
 
 
 class SlowSteps:
@@ -113,18 +134,22 @@ def summary(h: Histogram, sized_for_s: float, long_reads: list | None = None,
 def _unaccounted(h: Histogram, long_reads) -> bool:
     """Whether the histogram holds a sample slower than every kept slow read (one that was not kept)."""
     kept = max((took for _, took in long_reads), default=0.0)
-    return h.worst() > max(LONG_READ_S, (int(kept / STEP_S) + 1) * STEP_S)
+    return h.worst() > max(LONG_READ_S, upper_edge(bucket(kept)))
 
 
-def read_long(lab_path, since: float) -> list:
-    """The controller's slow reads that ended after `since` (time.monotonic())."""
+def read_long(lab_path, since: float, seen: dict | None = None) -> list:
+    """The controller's slow reads that ended after `since` (time.monotonic()), with those `seen`
+    (end -> took) in earlier copies of pfc.json: the controller keeps only its latest, and on an
+    emulated CPU a run's worst read was pushed out before the run ended."""
     import json
     from pathlib import Path
     try:
         reads = json.loads((Path(lab_path) / "pfc.json").read_text()).get("long_reads") or []
     except (OSError, ValueError, AttributeError):
-        return []
-    return [(float(end), float(took)) for end, took in reads if float(end) >= since]
+        reads = []
+    merged = dict(seen or {})
+    merged.update((float(end), float(took)) for end, took in reads)
+    return sorted((end, took) for end, took in merged.items() if end >= since)
 
 
 def read(lab_path) -> Histogram:
@@ -140,7 +165,7 @@ def read(lab_path) -> Histogram:
 def describe(s: dict) -> str:
     """One line: 'controller reaction: worst 6.5 ms, p99 2.0 ms over 3,120 reads (headroom sized for 30 ms)'."""
     def ms(x):
-        return "over 200 ms" if x == float("inf") else f"{x * 1e3:.1f} ms"
+        return f"over {COARSE_S:g} s" if x == float("inf") else f"{x * 1e3:.1f} ms"
     text = (f"controller reaction: worst {ms(s['worst_s'])}, p99 {ms(s['p99_s'])} over {s['reads']:,} reads of busy "
             f"queues (PFC headroom sized for {s['sized_for_s'] * 1e3:g} ms)")
     if s["within_headroom"]:

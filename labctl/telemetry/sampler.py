@@ -29,9 +29,12 @@ COLUMNS = ("t_s", "node", "port", "class", "tc", "depth_bytes", "sent_bytes", "s
 
 
 class PfcFile:
-    """The controller's pfc.json, re-read only when it changed."""
+    """The controller's pfc.json, re-read only when it changed; and every slow read it listed while
+    this watched (end -> took), since the controller lists only its latest (reaction.read_long)."""
     def __init__(self, path: Path | None):
         self.path, self.mtime, self.ports = path, 0.0, {}
+        self.long_reads: dict[float, float] = {}
+        self.newest = 0.0
 
     def get(self) -> dict[tuple[str, str, int], dict]:
         if self.path is None:
@@ -39,11 +42,22 @@ class PfcFile:
         try:
             mtime = os.stat(self.path).st_mtime
             if mtime != self.mtime:
-                self.ports = {(p["node"], p["port"], p["tc"]): p for p in json.loads(self.path.read_text())["ports"]}
+                doc = json.loads(self.path.read_text())
+                self.ports = {(p["node"], p["port"], p["tc"]): p for p in doc["ports"]}
+                self._add_long_reads(doc.get("long_reads") or [])
                 self.mtime = mtime
-        except (OSError, ValueError, KeyError):
+        except (OSError, ValueError, KeyError, TypeError):
             pass
         return self.ports
+
+    def _add_long_reads(self, reads: list) -> None:
+        # oldest first, as the controller appends them: only the tail is new since the last copy
+        newest = self.newest
+        for end, took in reversed(reads):
+            if float(end) <= newest:
+                break
+            self.long_reads[float(end)] = float(took)
+            self.newest = max(self.newest, float(end))
 
 
 class QueueSampler:

@@ -214,7 +214,7 @@ def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Pa
         losses = ledger.ledger(losses_before, ledger.snapshot(plan, lab.path), plan, gaps)
     machine_gaps = stalls.stop()
     reactions = reaction.summary(reaction.read(lab.path).minus(reactions_before), plan.pfc_response_s,
-                                 reaction.read_long(lab.path, since), machine_gaps)
+                                 reaction.read_long(lab.path, since, sampler.pfc.long_reads), machine_gaps)
     doc = {"workload": w.name, "lab": plan.lab, "dilation": plan.dilation, "ranks": ranks,
            "nodes": {r: nodes[r].name for r in ranks}, "options": w.options.model_dump(),
            "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "results": results,
