@@ -82,6 +82,16 @@ def module_state_dir(tmp_path_factory):
             os.environ["LABCTL_STATE_DIR"] = old
 
 
+def take_down(names) -> None:
+    """A module fixture's labs, down whatever state they were left in; none may leave a namespace."""
+    from labctl import lifecycle as labmod
+    from labctl import state
+    for name in names:
+        if state.lab_dir(name).path.exists():
+            labmod.down(name)
+        assert lab_namespaces(name + "-") == []
+
+
 def lab_namespaces(prefix: str) -> list[str]:
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
     return [line.split()[0] for line in out.splitlines() if line.split() and line.split()[0].startswith(prefix)]

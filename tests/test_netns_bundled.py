@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import lab_namespaces, module_state_dir, require_root
+from conftest import lab_namespaces, module_state_dir, require_root, take_down
 from labctl import lifecycle as labmod
-from labctl import procs, state
+from labctl import procs
 from labctl.traffic.run import run_workload
 from labctl.traffic.workload import load_workload
 
@@ -49,10 +49,7 @@ def labs(tmp_path_factory):
                 made[t] = labmod.up(str(ROOT / "topologies" / f"{t}.yml"), name=name)[:2]
             yield made
         finally:
-            for name in names.values():
-                if state.lab_dir(name).path.exists():
-                    labmod.down(name)
-                assert lab_namespaces(name + "-") == []
+            take_down(names.values())
 
 
 def smallest(workload: Path, tmp_path: Path) -> Path:

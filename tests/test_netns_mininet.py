@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import lab_namespaces, module_state_dir, require_root
+from conftest import lab_namespaces, module_state_dir, require_root, take_down
 from labctl import exports, procs, state
 from labctl import lifecycle as labmod
 from labctl.backends import mininet as mininet_backend
@@ -65,10 +65,7 @@ def twins(tmp_path_factory):
                 made[backend] = labmod.up(str(ROOT / "topologies" / "leaf-spine.yml"), name=name, backend=backend)[:2]
             yield made
         finally:
-            for name in names.values():
-                if state.lab_dir(name).path.exists():
-                    labmod.down(name)
-                assert lab_namespaces(name + "-") == []
+            take_down(names.values())
 
 
 def test_mininet_builds_the_lab_with_its_own_nodes_and_links(twins):
