@@ -12,7 +12,7 @@ import shutil
 import socket
 import subprocess
 
-from labctl.backends import nsutil, rps, rtnl
+from labctl.kernel import nsutil, rps, rtnl
 
 QDISCS = ("htb", "tbf", "bfifo", "clsact", "red", "netem", "prio", "mqprio", "fq_codel")
 TOOLS = (("tcpdump", "captures"), ("tshark", "decoding RoCE in captures"), ("dumpcap", "labctl capture"),
@@ -106,7 +106,7 @@ def _probe_multipath_hash(name: str) -> dict[str, bool]:
 
 def _probe_flow_hash(sock_ns: str) -> bool:
     """labctl's ECMP hash: the program loads and attaches to a port's ingress (the scratch lo)."""
-    from labctl.backends import flowhash
+    from labctl.kernel import flowhash
     from labctl.errors import LabError
     from labctl.plan.flowhash import FlowHash
     try:
@@ -257,7 +257,7 @@ def features(k: dict[str, bool]) -> list[dict]:
 
 
 def _ecmp(k: dict[str, bool]) -> dict:
-    from labctl.backends import flowhash
+    from labctl.kernel import flowhash
     engine = flowhash.engine()
     forced = os.environ.get(flowhash.ENV, "auto") not in ("", "auto")
     why = f"{flowhash.ENV}={engine}" if forced else "this kernel has no fib_multipath_hash_seed"
@@ -294,9 +294,9 @@ def _queue_reads(k: dict[str, bool]) -> dict:
 
 
 def _mininet_status() -> str:
-    from labctl.backends import mininet
-    why = mininet.available()
-    return "available" if why is None else f"not available: {why} (./install.sh installs it)"
+    from labctl import backends
+    why = backends.available("mininet")
+    return "available" if why is None else f"not available: {why}"
 
 
 def _engine_status() -> str:

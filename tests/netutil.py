@@ -5,7 +5,7 @@ import socket
 import subprocess
 import time
 
-from labctl.backends import nsutil
+from labctl.kernel import nsutil
 
 
 def ping(namespace: str, address: str, count: int = 1, timeout: float = 2.0) -> subprocess.Popen:

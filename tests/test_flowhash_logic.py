@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from labctl.backends import flowhash as kernel_side
+from labctl.kernel import flowhash as kernel_side
 from labctl.errors import LabError
 from labctl.plan.flowhash import FlowHash, hash32, select, select_in_group, upper_bounds
 

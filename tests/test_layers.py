@@ -20,6 +20,7 @@ LAYERS = [
     {"plan"},
     {"state", "helpers"},
     {"containers"},
+    {"kernel"},
     {"backends"},
     {"telemetry"},
     {"dataplane", "wan"},
@@ -45,10 +46,13 @@ def imports() -> list[tuple[str, str, str]]:
         module = ".".join(p for p in rel.parts if p != "__init__")
         for node in ast.walk(ast.parse(path.read_text())):
             targets = []
+            if isinstance(node, ast.ImportFrom) and node.level:
+                raise AssertionError(f"{path}:{node.lineno}: use an absolute import (from labctl...)")
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("labctl"):
+                # `from labctl.backends import mininet` depends on labctl.backends.mininet itself
+                pkg = ROOT.parent.joinpath(*node.module.split("."))
                 targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names
-                                           if node.module == "labctl" and ((ROOT / f"{a.name}.py").exists()
-                                                                           or (ROOT / a.name).is_dir())]
+                                           if (pkg / f"{a.name}.py").exists() or (pkg / a.name).is_dir()]
             elif isinstance(node, ast.Import):
                 targets = [a.name for a in node.names if a.name.startswith("labctl")]
             for t in targets:

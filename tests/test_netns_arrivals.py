@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import require_root
-from labctl.backends import nsutil
+from labctl.kernel import nsutil
 from labctl.dataplane import arrivals
 from labctl.plan import qos
 from labctl.telemetry import qdepth

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import require_root
-from labctl.backends import nsutil
+from labctl.kernel import nsutil
 
 LEAF_SPINE = Path(__file__).resolve().parents[1] / "topologies" / "leaf-spine.yml"
 pytestmark = pytest.mark.netns

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from conftest import require_root
-from labctl.backends import nsutil, rtnl
+from labctl.kernel import nsutil, rtnl
 from labctl.plan import qos
 from labctl.telemetry import qdepth
-from labctl.backends.netconf import set_rate as set_port_rate
+from labctl.kernel.netconf import set_rate as set_port_rate
 
 BOTTLENECK = Path(__file__).parent / "topologies" / "bottleneck.yml"
 pytestmark = pytest.mark.netns
@@ -137,7 +137,7 @@ def test_marking_expressions_are_loaded_before_the_controller_is_ready_and_leave
     that the warm-up ran and that every marking chain is left empty by it."""
     require_root()
     from labctl import state
-    from labctl.backends.nft import Nft
+    from labctl.kernel.nft import Nft
     from labctl.dataplane import ecn
     plan = built_lab(BOTTLENECK)
     log = (state.lab_dir(lab_name).path / "controller.log").read_text()

@@ -8,7 +8,7 @@ import uuid
 import pytest
 
 from conftest import require_root
-from labctl.backends import nsutil
+from labctl.kernel import nsutil
 
 pytestmark = pytest.mark.netns
 

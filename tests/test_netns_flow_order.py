@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from conftest import require_root
-from labctl.backends import nsutil, rps
+from labctl.kernel import nsutil, rps
 from test_netns_lab import LEAF_SPINE
 
 pytestmark = pytest.mark.netns

@@ -9,7 +9,7 @@ import pytest
 from conftest import require_root
 from labctl import lifecycle as labmod
 from labctl import state
-from labctl.backends import nsutil, rtnl
+from labctl.kernel import nsutil, rtnl
 from netutil import send_udp, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]

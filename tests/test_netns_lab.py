@@ -11,7 +11,7 @@ import pytest
 from conftest import lab_namespaces, require_root
 from labctl import lifecycle as labmod
 from labctl import state
-from labctl.backends import nsutil
+from labctl.kernel import nsutil
 from netutil import ping, send_udp, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]

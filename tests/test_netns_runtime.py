@@ -13,7 +13,7 @@ import pytest
 from conftest import require_root
 from labctl import lifecycle as labmod
 from labctl import state
-from labctl.backends.netconf import set_rate as set_port_rate
+from labctl.kernel.netconf import set_rate as set_port_rate
 from netutil import wait_for
 from test_netns_shaping import measure_rate
 

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from conftest import require_root
-from labctl.backends import nsutil
+from labctl.kernel import nsutil
 from labctl.traffic.tcpflow import FlowRun, Sequence, Target
 
 pytestmark = pytest.mark.netns

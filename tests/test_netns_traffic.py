@@ -190,7 +190,7 @@ def test_capture_on_spine_links_shows_real_roce_frames_that_tshark_decodes(lab, 
 
 def _qdisc_drops(plan) -> int:
     from pyroute2 import IPRoute
-    from labctl.backends import nsutil
+    from labctl.kernel import nsutil
     total = 0
     for node in plan.nodes:
         with nsutil.entered(node.namespace):
@@ -321,7 +321,7 @@ def test_packets_lost_waiting_for_arp_are_in_the_ledger(lab, tmp_path):
     """labctl writes every neighbour in at build time; take one out and make its ARP go unanswered
     for a while, and the packets the kernel drops while resolving are counted and explain the gaps."""
     import threading
-    from labctl.backends import neighbours, netconf
+    from labctl.kernel import neighbours, netconf
     from labctl.telemetry import ledger
     plan, d = lab
     leaf2, gpu = plan.node("leaf2"), plan.node("srv2-gpu1")

@@ -162,7 +162,7 @@ def test_l4_ecmp_hashes_the_five_tuple_like_a_switch_and_l3_only_addresses():
 
 
 def test_sysctls_an_older_kernel_lacks_fall_back_and_others_still_fail(monkeypatch):
-    from labctl.backends import nsutil
+    from labctl.kernel import nsutil
     monkeypatch.setitem(nsutil.SYSCTL_FALLBACKS, "net.ipv4.labctl_not_in_any_kernel", None)
     nsutil.write_sysctls({"net.ipv4.labctl_not_in_any_kernel": "1"})        # skipped: the kernel default stays
     with pytest.raises(OSError):

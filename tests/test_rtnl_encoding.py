@@ -7,7 +7,7 @@ from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 from pyroute2.netlink.rtnl.rtmsg import rtmsg
 from pyroute2.netlink.rtnl.tcmsg import tcmsg
 
-from labctl.backends import rtnl
+from labctl.kernel import rtnl
 
 
 def _decode(cls, request):

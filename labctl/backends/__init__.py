@@ -30,3 +30,8 @@ def get(name: str):
     if name not in REGISTRY:
         raise LabError(f"there is no backend {name!r}", f"backends: {', '.join(REGISTRY)}")
     return REGISTRY[name]()
+
+
+def available(name: str) -> str | None:
+    """None if backend `name` can build on this machine, else why not."""
+    return get(name).available()

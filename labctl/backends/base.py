@@ -11,10 +11,9 @@ them and a backend overrides only what it must.
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Callable
 
-from labctl.backends import netconf, nsutil
+from labctl.kernel import netconf
 from labctl.plan.model import Interface, LabPlan, Node, Route
 from labctl.state import LabDir
 
@@ -28,6 +27,15 @@ def quiet(stage: str, done: int, total: int) -> None:
 class Backend:
     name = "?"
     description = ""
+
+    def available(self) -> str | None:
+        """None if this backend can build on this machine, else why not (with what installs it)."""
+        return None
+
+    def check(self, plan: LabPlan) -> list[tuple[str, str, str]]:
+        """What in `plan` this backend cannot build, before anything is made: (plan key, reason, fix)
+        for each. `labctl up` turns these into located InputErrors."""
+        return []
 
     def apply(self, plan: LabPlan, lab: LabDir, progress: Progress = quiet) -> None:
         """Build the plan; journal everything before making it; on failure remove what was made."""
@@ -45,9 +53,6 @@ class Backend:
 
     def set_rate(self, node: Node, iface: Interface, rate_bps: int) -> None:
         netconf.set_rate(node, iface, rate_bps)
-
-    def netns_path(self, node: Node) -> Path:
-        return nsutil.path(node.namespace)
 
     def exec_argv(self, node: Node, argv: list[str]) -> list[str]:
         """A command line that runs `argv` inside the node (an argv list: nothing goes through a shell):

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from labctl import procs
-from labctl.backends import neighbours, netconf, nsutil, rps, rtnl, wires
+from labctl.kernel import neighbours, netconf, nsutil, rps, rtnl, wires
 from labctl.backends.base import Progress, quiet
 from labctl.backends.netns import NetnsBackend
 from labctl.errors import LabError
@@ -50,18 +50,29 @@ class MininetBackend(NetnsBackend):
     name = "mininet"
     description = "Mininet's Python API builds the nodes and links; labctl configures them"
 
+    def available(self) -> str | None:
+        why = available()
+        return f"{why}; `sudo ./install.sh` installs Mininet (apt: mininet bridge-utils iputils-ping)" if why else None
+
+    def check(self, plan: LabPlan) -> list[tuple[str, str, str]]:
+        wrong = []
+        if wires.wired(plan):
+            wrong.append(("links", "the mininet backend has no WAN line: links with a delay, loss, jitter or "
+                          "encryption need the netns backend", "use --backend netns for this lab"))
+        for n in plan.nodes:
+            if n.container:
+                wrong.append((f"nodes.{n.name}.image", f"the mininet backend builds no container nodes "
+                              f"({n.name} has an image:)", "use --backend netns for this lab: it runs "
+                              "containers beside namespaces"))
+        return wrong
+
     def apply(self, plan: LabPlan, lab: LabDir, progress: Progress = quiet) -> None:
         why = available()
         if why:
             raise LabError(f"the mininet backend cannot run here: {why}",
                            "`sudo ./install.sh` installs Mininet (apt: mininet bridge-utils iputils-ping)")
-        if wires.wired(plan):
-            raise LabError("the mininet backend has no WAN line: links with a delay, loss, jitter or encryption "
-                           "need the netns backend", "use --backend netns for this lab")
-        boxed = [n.name for n in plan.nodes if n.container]
-        if boxed:
-            raise LabError(f"the mininet backend builds no container nodes ({', '.join(boxed[:3])} have an image:)",
-                           "use --backend netns for this lab: it runs containers beside namespaces")
+        for _key, reason, fix in self.check(plan):
+            raise LabError(reason, fix)
         procs.raise_fd_limit(3 * len(plan.nodes) + 64)
         for node in plan.nodes:
             if nsutil.exists(node.namespace):

@@ -15,7 +15,7 @@ import socket
 import time
 
 from labctl import procs
-from labctl.backends import neighbours, netconf, nsutil, rps, rtnl, wires
+from labctl.kernel import neighbours, netconf, nsutil, rps, rtnl, wires
 from labctl.backends.base import Backend, Progress, quiet
 from labctl.containers import nodes as container_nodes
 from labctl.errors import LabError

@@ -31,8 +31,8 @@ import struct
 
 import numpy as np
 
-from labctl.backends import ebpf, rtnl
-from labctl.backends.ebpf import (ADD_K, AND_K, ATOMIC_ADD_DW, BPF_FUNC_MAP_LOOKUP_ELEM, CALL, EXIT, JEQ_K,
+from labctl.kernel import ebpf, rtnl
+from labctl.kernel.ebpf import (ADD_K, AND_K, ATOMIC_ADD_DW, BPF_FUNC_MAP_LOOKUP_ELEM, CALL, EXIT, JEQ_K,
                                   JGT_K, JNE_K, LDX_W, MOV_K, MOV_X, R0, R1, R2, R3, R4, R6, R10, RSH_K,
                                   SKB_LEN, SKB_PRIORITY, STX_W, TC_ACT_UNSPEC, Asm)
 from labctl.errors import LabError

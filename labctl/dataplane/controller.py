@@ -25,7 +25,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from labctl.backends import nsutil, rtnl
+from labctl.kernel import nsutil, rtnl
 from labctl.dataplane import arrivals, control, ecn, pfc, pfcport
 from labctl.plan import feeders, qos
 from labctl.telemetry import qdepth, reaction
@@ -34,7 +34,7 @@ from labctl.procs import raise_fd_limit
 from labctl.wakeup import Waiter
 from labctl import helpers
 from labctl.helpers import Publisher
-from labctl.backends.nft import Nft
+from labctl.kernel.nft import Nft
 from labctl.plan.model import LabPlan, Node
 
 FAST, IDLE = 0.001, qos.CONTROLLER_IDLE_S   # IDLE: unless the lab is large (qos.controller_idle_s)

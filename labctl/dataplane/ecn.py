@@ -42,7 +42,7 @@ def chain_name(ifindex: int, tc: int) -> str:
 
 def chain_rules(ifindex: int, tc: int, n: int, family: str = "ip") -> str:
     """The nftables commands that set a port's class to mark with probability n/65536 (family ip on a
-    router, bridge on an L2 switch: where backends/nft.py put the classify chain)."""
+    router, bridge on an L2 switch: where kernel/nft.py put the classify chain)."""
     chain = chain_name(ifindex, tc)
     count = f'counter name "{counter_name(ifindex, tc)}"'
     cmds = [f"flush chain {family} labctl {chain}"]

@@ -15,7 +15,7 @@ import socket
 import struct
 from concurrent.futures import ThreadPoolExecutor
 
-from labctl.backends import nsutil, rtnl
+from labctl.kernel import nsutil, rtnl
 from labctl.dataplane import pfc
 from labctl.plan import qos
 from labctl.plan.model import ClassPlan, Interface, Node

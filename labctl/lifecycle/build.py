@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labctl import backends, helpers, state
-from labctl.backends import flowhash
+from labctl.kernel import flowhash
 from labctl.dataplane import arrivals
 from labctl.errors import InputError, Where
 from labctl.kinds import node_kind
@@ -37,6 +37,8 @@ def build(loaded: Loaded, backend: str = "netns", progress=None,
             raise InputError(Where(str(loaded.file), key=f"nodes.{node.name}.kind"),
                              f"backend {backend!r} cannot build a {node.kind} node ({node.name})",
                              f"kind {node.kind} is built by: {', '.join(node_kind(node.kind).backends)}")
+    for key, reason, fix in builder.check(plan):
+        raise InputError(Where(str(loaded.file), key=key), reason, fix)
     require_root("labctl up")
     lab = state.claim(plan.lab, plan.to_dict(), topology_file)
     lab.write_state(backend=backend)       # before anything exists: `clean` must know who built it
@@ -73,7 +75,7 @@ def start_controller(plan: LabPlan, lab: state.LabDir) -> int | None:
 
 def start_line(plan: LabPlan, lab: state.LabDir) -> int | None:
     """The WAN line (delay, loss, jitter, ESP) for links that need one; fresh ESP keys first."""
-    from labctl.backends import wires
+    from labctl.kernel import wires
     from labctl.wan.keys import write_keys
     if not wires.wired(plan):
         return None
@@ -101,7 +103,7 @@ def clean(everything: bool = False) -> list[CleanResult]:
 
     Works from the lab records only: a namespace that no record lists is never touched.
     """
-    from labctl.backends import nsutil
+    from labctl.kernel import nsutil
     require_root("labctl clean")
     out = []
     for lab in state.all_labs():

@@ -5,7 +5,7 @@ import json
 import os
 
 from labctl import procs, state
-from labctl.backends import nsutil, rtnl
+from labctl.kernel import nsutil, rtnl
 from labctl.lifecycle.labs import load_plan
 
 OPERSTATE = {0: "unknown", 1: "notpresent", 2: "down", 3: "lowerlayerdown", 4: "testing", 5: "dormant",

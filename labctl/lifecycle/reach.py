@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from labctl.backends import flowhash, nsutil, rtnl
+from labctl.kernel import flowhash, nsutil, rtnl
 from labctl.errors import LabError
 from labctl.kinds import fabric_kind, node_kind
 from labctl.lifecycle import targets

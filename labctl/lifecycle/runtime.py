@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from labctl import state
-from labctl.backends import neighbours
+from labctl.kernel import neighbours
 from labctl.errors import LabError
 from labctl.lifecycle.labs import backend_of
 from labctl.plan.model import LabPlan, Node

@@ -16,7 +16,7 @@ import shlex
 import socket
 import subprocess
 
-from labctl.backends import nsutil
+from labctl.kernel import nsutil
 from labctl.errors import LabError
 from labctl.plan.model import LabPlan
 from labctl.state import LabDir

@@ -227,7 +227,7 @@ def controlled_queues(b: Build) -> list[int]:
 
 
 def wires(b: Build) -> None:
-    """Links with a delay, loss, jitter or encryption go through the WAN line (backends/wires.py)."""
+    """Links with a delay, loss, jitter or encryption go through the WAN line (kernel/wires.py)."""
     t = b.topo
     for link in b.links:
         if link.lab_delay_ns or link.loss or link.lab_jitter_ns or link.encrypt:

@@ -3,7 +3,7 @@
 Before Linux 6.11 there is no `fib_multipath_hash_seed`: each namespace's multipath hash is keyed
 by a random seed drawn at boot, so which spine a flow takes changes from boot to boot and
 `hash_seed` draws nothing. There, labctl sets each packet's flow hash itself, in a tc program on
-every port of every router (backends/flowhash.py). With `fib_multipath_hash_policy=1` a forwarded
+every port of every router (kernel/flowhash.py). With `fib_multipath_hash_policy=1` a forwarded
 packet that carries an L4 hash is placed by it (`skb->hash >> 1`), so the draw is this function
 of the 5-tuple and the lab's seed, the same on every boot and every kernel.
 

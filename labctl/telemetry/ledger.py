@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from labctl.backends import nsutil, rtnl
+from labctl.kernel import nsutil, rtnl
 from labctl.plan import qos
 from labctl.telemetry import qdepth
 from labctl.plan.model import LabPlan

@@ -8,7 +8,7 @@ from __future__ import annotations
 import socket
 import struct
 
-from labctl.backends import rtnl
+from labctl.kernel import rtnl
 
 NETLINK_NETFILTER = 12
 NFNL_SUBSYS_NFTABLES, NFT_MSG_GETOBJ = 10, 19

@@ -10,7 +10,7 @@ import socket
 import struct
 from dataclasses import dataclass
 
-from labctl.backends import rtnl
+from labctl.kernel import rtnl
 
 RTM_GETQDISC = 38
 TCA_STATS2 = 7

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-from labctl.backends import nsutil
+from labctl.kernel import nsutil
 from labctl.plan import qos
 from labctl.plan.model import LabPlan, Node
 from labctl.telemetry import nftcounters, qdepth

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from labctl import procs
-from labctl.backends import nsutil, rtnl
+from labctl.kernel import nsutil, rtnl
 from labctl.plan import qos
 from labctl.telemetry import nftcounters, qdepth
 from labctl.telemetry.nftcounters import family_of as nft_family

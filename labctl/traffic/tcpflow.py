@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from labctl.backends import nsutil
+from labctl.kernel import nsutil
 
 TCP_CONGESTION = 13
 CHUNK = 256 * 1024

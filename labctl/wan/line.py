@@ -1,4 +1,4 @@
-"""The WAN line: one process per lab that carries every wired link (backends/wires.py).
+"""The WAN line: one process per lab that carries every wired link (kernel/wires.py).
 
 For each direction of each link it reads the frames the sending router puts on the line, loses
 some at random (`loss`), encrypts them (ESP, when the link says `encrypt`), holds them for the
@@ -30,7 +30,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from labctl.backends import nsutil, wires
+from labctl.kernel import nsutil, wires
 from labctl import helpers
 from labctl.helpers import Publisher
 from labctl.plan.model import LabPlan, Link

@@ -98,7 +98,7 @@ def entered(name: str):
 @contextlib.contextmanager
 def netlink_socket(name: str):
     """A NETLINK_ROUTE socket bound to namespace `name`, closed after the block."""
-    from labctl.backends import rtnl
+    from labctl.kernel import rtnl
     with entered(name):
         sock = rtnl.open_socket()
     try:

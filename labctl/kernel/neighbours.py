@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import struct
 
-from labctl.backends import rtnl
+from labctl.kernel import rtnl
 from labctl.plan.model import LabPlan
 
 RTM_NEWNEIGH, NDA_DST, NDA_LLADDR, NUD_PERMANENT = 28, 1, 2, 0x80

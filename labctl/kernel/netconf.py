@@ -11,7 +11,7 @@ import os
 import socket
 import time
 
-from labctl.backends import flowhash, nft, nsutil, rtnl
+from labctl.kernel import flowhash, nft, nsutil, rtnl
 from labctl.errors import LabError
 from labctl.plan import qos
 from labctl.plan.model import Interface, Node

@@ -8,7 +8,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 
-from labctl.backends import nsutil
+from labctl.kernel import nsutil
 from labctl.errors import LabError
 from labctl.plan.qos import class_minor, dscp_map
 

@@ -2,7 +2,7 @@
 system call through ctypes, program loading with the verifier's log, and array maps.
 
 labctl has two programs, both small enough to write as instructions: the ECMP flow hash on a
-router's ingress (backends/flowhash.py) and the arrival counters on a switch's egress
+router's ingress (kernel/flowhash.py) and the arrival counters on a switch's egress
 (dataplane/arrivals.py). Writing them here keeps the function the one the pure model computes,
 and needs neither clang nor libbpf on the machine.
 """

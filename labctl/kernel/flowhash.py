@@ -12,8 +12,8 @@ import platform
 import socket
 import struct
 
-from labctl.backends import ebpf, rtnl
-from labctl.backends.ebpf import (ADD_K, ADD_X, AND_K, BE, BPF_FUNC_SET_HASH, CALL, EXIT, JA, JEQ_K, JGT_X,
+from labctl.kernel import ebpf, rtnl
+from labctl.kernel.ebpf import (ADD_K, ADD_X, AND_K, BE, BPF_FUNC_SET_HASH, CALL, EXIT, JA, JEQ_K, JGT_X,
                                   JLT_K, JNE_K, LDX_B, LDX_H, LDX_W, LSH_K, MOV_K, MOV_X, MUL_X, OR_X, R0, R1,
                                   R2, R3, R4, R5, R6, R7, R8, R9, RSH_K, SKB_DATA, SKB_DATA_END, TC_ACT_UNSPEC,
                                   XOR_X, Asm)

@@ -10,7 +10,7 @@ ARP on an encrypted WAN).
 """
 from __future__ import annotations
 
-from labctl.backends import rtnl
+from labctl.kernel import rtnl
 from labctl.plan.model import LabPlan, Link
 
 SYSCTLS = {"net.ipv6.conf.all.disable_ipv6": "1", "net.ipv6.conf.default.disable_ipv6": "1",
