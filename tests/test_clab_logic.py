@@ -77,7 +77,7 @@ def test_a_network_os_kind_is_refused_with_its_node_kind_and_alternative(path):
     ("name: x\ntopology:\n  nodes:\n    a: {kind: host}\n", "containerlab's host kind"),
     ("name: x\ntopology:\n  nodes:\n    a: {kind: linux}\n  links:\n    - {type: macvlan, endpoints: [a:eth1, macvlan:enp0s3]}\n",
      "link type 'macvlan'"),
-    ("name: x\ntopology:\n  nodes:\n    A1: {kind: linux}\n", "node name 'A1'"),
+    ("name: x\ntopology:\n  nodes:\n    a.b: {kind: linux}\n", "node name 'a.b'"),
     ("name: x\ntopology:\n  nodes:\n    a: {}\n", "node 'a' has no kind"),
     ("name: x\ntopology:\n  nodes:\n    a: {kind: linux}\n    b: {kind: linux}\n  links:\n    - endpoints: [a, b]\n",
      "names no interface"),

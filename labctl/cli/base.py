@@ -14,6 +14,25 @@ err = Console(stderr=True)
 
 SET_HELP = "override a template variable (or a dotted key of a plain lab), e.g. --set spines=4; repeatable"
 TEMPLATES_HELP = "a directory of your own templates, searched before the bundled ones; repeatable"
+KIND_MAP_HELP = ("containerlab files: run a network OS's nodes as frr (a Linux router on labctl/frr), linux "
+                 "(a plain namespace) or bridge, e.g. --kind-map nokia_srlinux=frr; its own configuration is not "
+                 "translated; repeatable")
+IMAGE_MAP_HELP = ("containerlab files: run a public image as a local one, e.g. --image-map frrouting/frr=labctl/frr "
+                  "(well-known images are mapped by default, with a note); repeatable")
+
+
+def clab_maps(kind_map, image_map):
+    """The ImportMaps of --kind-map and --image-map, checked before anything is read."""
+    from labctl.topology import clabmaps
+    return clabmaps.parse(kind_map, image_map)
+
+
+def clab_map_options(f):
+    """--kind-map and --image-map, for every command that reads a lab file."""
+    f = click.option("--image-map", "image_map", multiple=True, metavar="IMAGE=IMAGE", help=IMAGE_MAP_HELP)(f)
+    return click.option("--kind-map", "kind_map", multiple=True, metavar="KIND=TARGET", help=KIND_MAP_HELP)(f)
+
+
 TOPO_HELP = ("read a Mininet topology instead, written as for `mn --topo` (NAME[,ARG...][,KEY=VALUE...]): "
              "NAME from FILE's `topos` or a Topo class in FILE (this runs FILE's Python), or with no "
              "FILE Mininet's own single,N  linear,K[,N]  tree,DEPTH[,FANOUT]")

@@ -8,7 +8,7 @@ import click
 from rich.table import Table
 
 from labctl import backends
-from labctl.cli.base import SET_HELP, TEMPLATES_HELP, TOPO_HELP, cli, err, out
+from labctl.cli.base import SET_HELP, TEMPLATES_HELP, TOPO_HELP, clab_map_options, clab_maps, cli, err, out
 
 @cli.command()
 @click.argument("file", type=click.Path(dir_okay=False), required=False)
@@ -18,7 +18,10 @@ from labctl.cli.base import SET_HELP, TEMPLATES_HELP, TOPO_HELP, cli, err, out
 @click.option("--topo", help=TOPO_HELP)
 @click.option("--backend", default="netns", show_default=True, metavar="NAME",
               help="what builds the nodes: " + ", ".join(backends.names()))
-def up(file, sets, name, template_dirs, topo, backend):
+@click.option("--no-build", is_flag=True, help="fail, with the command to run, instead of building a missing "
+              "labctl/* image (up builds one on first use, which takes minutes)")
+@clab_map_options
+def up(file, sets, name, template_dirs, topo, backend, no_build, kind_map, image_map):
     """Build a lab: namespaces, veth links, addresses, ECMP routes and shaping.
 
     Every node's network namespace is <lab>-<node>, whatever backend built it, so plain
@@ -32,6 +35,7 @@ def up(file, sets, name, template_dirs, topo, backend):
       sudo labctl up topologies/leaf-spine.yml --backend mininet   # Mininet builds the nodes
       sudo labctl up --topo tree,2,3                               # Mininet's own tree topology
       sudo labctl up mytopo.py --topo mytopo                       # a `mn --custom` file (runs it)
+      sudo labctl up clos01.clab.yml --kind-map nokia_srlinux=frr  # containerlab's Clos, SR Linux on FRR
     """
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from labctl import lifecycle as labmod
@@ -46,7 +50,9 @@ def up(file, sets, name, template_dirs, topo, backend):
                 tasks[stage] = bar.add_task(stage, total=total)
             bar.update(tasks[stage], completed=done)
 
-        p, lab, elapsed = labmod.up(file, sets, name, template_dirs, backend=backend, progress=progress, topo=topo)
+        maps = clab_maps(kind_map, image_map)
+        p, lab, elapsed = labmod.up(file, sets, name, template_dirs, backend=backend, progress=progress, topo=topo,
+                                    maps=maps, build_images=not no_build)
     kinds: dict[str, int] = {}
     for n in p.nodes:
         kinds[n.kind] = kinds.get(n.kind, 0) + 1

@@ -7,7 +7,7 @@ import shlex
 import click
 from rich.table import Table
 
-from labctl.cli.base import SET_HELP, TEMPLATES_HELP, TOPO_HELP, cli, out
+from labctl.cli.base import SET_HELP, TEMPLATES_HELP, TOPO_HELP, clab_map_options, clab_maps, cli, out
 from labctl.errors import LabError
 
 
@@ -16,16 +16,18 @@ from labctl.errors import LabError
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help=SET_HELP)
 @click.option("--templates", "template_dirs", multiple=True, type=click.Path(file_okay=False), help=TEMPLATES_HELP)
 @click.option("--topo", help=TOPO_HELP)
-def render(file, sets, template_dirs, topo):
+@clab_map_options
+def render(file, sets, template_dirs, topo, kind_map, image_map):
     """Print the full lab YAML a file expands to (its template rendered with its vars).
 
     \b
     Example:
       labctl render topologies/leaf-spine.yml --set spines=4 --set rail_optimised=false
       labctl render --topo linear,3            # Mininet's linear topology, as a labctl lab
+      labctl render clos01.clab.yml --kind-map nokia_srlinux=frr   # a containerlab file, NOS nodes on FRR
     """
     from labctl.topology import sources
-    click.echo(sources.render(file, sets, template_dirs, topo), nl=False)
+    click.echo(sources.render(file, sets, template_dirs, topo, clab_maps(kind_map, image_map)), nl=False)
 
 
 @cli.command()
@@ -35,7 +37,8 @@ def render(file, sets, template_dirs, topo):
 @click.option("--templates", "template_dirs", multiple=True, type=click.Path(file_okay=False), help=TEMPLATES_HELP)
 @click.option("--topo", help=TOPO_HELP)
 @click.option("--json", "as_json", is_flag=True, help="print the whole plan as JSON (what `up` would build)")
-def plan(file, sets, name, template_dirs, topo, as_json):
+@clab_map_options
+def plan(file, sets, name, template_dirs, topo, as_json, kind_map, image_map):
     """Compile a lab into its concrete plan without building it (no root needed).
 
     Shows every namespace, port, address and route; --json prints everything, including MACs,
@@ -50,7 +53,8 @@ def plan(file, sets, name, template_dirs, topo, as_json):
     from labctl.topology import sources
     from labctl.units import format_rate
     from labctl.dataplane import arrivals
-    p = compile_plan(sources.load(file, sets, template_dirs, name, topo), arrivals.choose())
+    p = compile_plan(sources.load(file, sets, template_dirs, name, topo, clab_maps(kind_map, image_map)),
+                     arrivals.choose())
     if as_json:
         click.echo(json.dumps(p.to_dict(), indent=1))
         return

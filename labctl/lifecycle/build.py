@@ -20,18 +20,22 @@ from labctl.topology.load import Loaded
 
 
 def up(file: str | None, sets=(), name: str | None = None, template_dirs=(), backend: str = "netns",
-       progress=None, topo: str | None = None) -> tuple[LabPlan, state.LabDir, float]:
-    """Build a lab file (or, with `topo`, a Mininet topology: see topology/sources.py)."""
-    loaded = sources.load(file, sets, template_dirs, name, topo)
-    return build(loaded, backend, progress, str(Path(file).resolve()) if file else f"mininet:{topo}")
+       progress=None, topo: str | None = None, maps=None, build_images: bool = True
+       ) -> tuple[LabPlan, state.LabDir, float]:
+    """Build a lab file (or, with `topo`, a Mininet topology: see topology/sources.py); `maps`
+    (topology.clabmaps.ImportMaps) maps a containerlab file's kinds and images."""
+    loaded = sources.load(file, sets, template_dirs, name, topo, maps)
+    return build(loaded, backend, progress, str(Path(file).resolve()) if file else f"mininet:{topo}",
+                 build_images)
 
 
 def build(loaded: Loaded, backend: str = "netns", progress=None,
-          topology_file: str | None = None) -> tuple[LabPlan, state.LabDir, float]:
+          topology_file: str | None = None, build_images: bool = True) -> tuple[LabPlan, state.LabDir, float]:
     """Build a loaded (validated) lab: its plan, by `backend`, with a record in the state directory."""
     plan = compile_plan(loaded, arrivals.choose())
     flowhash.adopt(plan, loaded.topology.routing.hash_policy, loaded.topology.routing.hash_seed)
     builder = backends.get(backend)
+    builder.build_images = build_images
     for node in plan.nodes:
         if backend not in node_kind(node.kind).backends:
             raise InputError(Where(str(loaded.file), key=f"nodes.{node.name}.kind"),

@@ -227,10 +227,16 @@ def zones(topo: Topology, smap: SourceMap) -> None:
 
 def every_node_linked(topo: Topology, smap: SourceMap) -> None:
     linked = {split_endpoint(e)[0] for link in topo.links for e in link.endpoints}
-    for name in topo.nodes:
-        if name not in linked:
+    for name, node in topo.nodes.items():
+        # a node the user numbers by hand (`addresses: none`, as every containerlab node) may stand
+        # alone, as containerlab's one-node labs do; a planned node without links is a mistake
+        if name not in linked and not _unnumbered(node):
             raise InputError(smap.where(("nodes", name)), f"node {name!r} has no links",
                              "connect it (links: - endpoints: [" + name + ", <peer>]) or remove it")
+
+
+def _unnumbered(node) -> bool:
+    return getattr(node, "addresses", None) == "none"
 
 
 def interface_names(topo: Topology, smap: SourceMap) -> None:

@@ -1,9 +1,12 @@
 """containerlab topology files (`*.clab.yml`), read as labctl labs.
 
 What is read, as containerlab documents it:
-- `name`; `topology.nodes` with `kind`, `image`, `cmd`, `env`, `binds`, `exec` and `group`;
-- `topology.kinds.<kind>` and `topology.defaults`, inherited in that order (the node wins):
-  scalars are replaced, `env` is merged, `binds` are added, `exec` is taken from the nearest level;
+- `name`; `topology.nodes` with `kind`, `image`, `cmd`, `env`, `binds`, `exec`, `group` and, on an
+  FRR node, `startup-config` (bound to /etc/frr/frr.conf);
+- `topology.defaults`, `topology.kinds.<kind>` and `topology.groups.<group>`, inherited in that
+  order (the node wins, a group may set the kind): scalars are replaced, `env` is merged, `binds`
+  are added, `exec` is taken from the nearest level;
+- node names in upper case are lower-cased (labctl names namespaces after them), with a note;
 - `topology.links`, brief (`endpoints: ["a:eth1", "b:eth1"]`) or extended (`type: veth` with
   `{node, interface}` endpoints);
 - `mgmt`, and node keys that only concern containerlab's management network or its NOS kinds
@@ -11,7 +14,11 @@ What is read, as containerlab documents it:
 
 Kinds: `linux` is a host (a container with an `image:`, a namespace without), `bridge` and
 `ovs-bridge` an L2 bridge of labctl's own. A network OS (srl, ceos, crpd, vr-*, ...) cannot run
-here: it is refused with the node, its kind, and what to use instead.
+here: it is refused with the node, its kind, and the kind map that runs the topology's shape
+instead (clabmaps.py). Public images are mapped to labctl's own (clabmaps.py), each with a note.
+
+An FRR node (its image is, or maps to, labctl/frr) gets FRR started by an exec line when none of
+its own does, as the FRR image's entrypoint does under containerlab.
 
 As in containerlab, labctl numbers nothing: every node says `addresses: none`, and the file's
 `exec:` lines set addresses and routes. Links are shaped like any labctl link, at 10 Gbit/s with
@@ -25,15 +32,19 @@ import yaml
 
 from labctl.errors import InputError
 from labctl.names import split_endpoint
+from labctl.topology.clabmaps import ImportMaps
 from labctl.topology.yamlpos import SourceMap
 
-NODE_KEYS = ("kind", "image", "cmd", "env", "binds", "exec", "group")
+NODE_KEYS = ("kind", "image", "cmd", "env", "binds", "exec", "group", "startup-config")
+FRR_IMAGE = "labctl/frr"
+FRR_START = "/usr/lib/frr/frrinit.sh start"
 # containerlab keys that mean nothing without its management network, licences or NOS images
 IGNORED_NODE_KEYS = ("mgmt-ipv4", "mgmt-ipv6", "mgmt_ipv4", "mgmt_ipv6", "ports", "publish", "labels", "type",
-                     "startup-config", "startup-delay", "enforce-startup-config", "license", "SANs", "user",
+                     "env-files", "startup-delay", "enforce-startup-config", "license", "SANs", "user",
                      "auto-remove", "wait-for", "cpu", "memory", "cpu-set", "runtime", "sandbox", "kernel",
                      "extras", "config", "dns", "certificate", "healthcheck", "stages", "restart-policy")
 RATE = "10G"
+SPECIAL_ENDPOINTS = ("host", "mgmt-net", "macvlan")
 KIND_MAP = {"linux": "host", "bridge": "bridge", "ovs-bridge": "bridge"}
 NOS_ALTERNATIVE = ("`kind: linux` with `image: labctl/frr` and FRR configured by exec:/binds: "
                    "(a router), or labctl's own `switch` kind in a labctl lab file (routed, with PFC/ECN)")
@@ -49,8 +60,9 @@ def is_clab(data: object) -> bool:
     return isinstance(data, dict) and "topology" in data
 
 
-def to_labctl(data: dict, smap: SourceMap, file: str) -> str:
+def to_labctl(data: dict, smap: SourceMap, file: str, maps: ImportMaps | None = None) -> str:
     """The labctl lab file (YAML text) a containerlab topology becomes, with its notes as comments."""
+    maps = maps or ImportMaps()
     notes: list[str] = []
     for key in data:
         if key not in ("name", "topology", "mgmt", "prefix", "settings"):
@@ -65,16 +77,27 @@ def to_labctl(data: dict, smap: SourceMap, file: str) -> str:
     for key in topo:
         if key not in ("nodes", "links", "kinds", "defaults", "groups"):
             raise InputError(smap.where(("topology", key)), f"unknown key {key!r} under topology",
-                             "containerlab's topology has nodes:, links:, kinds:, defaults:")
+                             "containerlab's topology has nodes:, links:, kinds:, groups:, defaults:")
     nodes = _mapping(topo.get("nodes"), smap, ("topology", "nodes"), required=True)
     kinds = _mapping(topo.get("kinds"), smap, ("topology", "kinds"))
     defaults = _mapping(topo.get("defaults"), smap, ("topology", "defaults"))
+    groups = _mapping(topo.get("groups"), smap, ("topology", "groups"))
     out_nodes = {}
+    renamed: dict[str, str] = {}
     for name, spec in nodes.items():
         spec = _mapping(spec, smap, ("topology", "nodes", name))
-        out_nodes[_node_name(name, smap)] = _node(name, spec, kinds, defaults, smap, notes)
-    links = [_link(i, lk, out_nodes, smap) for i, lk in enumerate(_list(topo.get("links"), smap,
-                                                                        ("topology", "links")))]
+        ours = _node_name(name, smap)
+        if ours in out_nodes:
+            raise InputError(smap.where(("topology", "nodes", name)), f"node {name!r} is {ours!r} in labctl, "
+                             "as another node is", "rename one of them (labctl names are lower-case)")
+        if ours != name:
+            renamed[name] = ours
+            notes.append(f"node {name!r} is {ours!r} here (labctl names are lower-case)")
+        out_nodes[ours] = _node(name, spec, kinds, defaults, groups, smap, notes, maps)
+    mapped = {ours for ours, n in out_nodes.items() if n.get("description", "").startswith("containerlab kind ")}
+    made = [_link(i, lk, renamed, mapped, smap, notes)
+            for i, lk in enumerate(_list(topo.get("links"), smap, ("topology", "links")))]
+    links = [lk for lk in made if lk is not None]
     lab = {"name": _lab_name(data.get("name"), smap, notes),
            "description": f"imported from containerlab file {file}",
            "dilation": 1, "defaults": {"rate": RATE},
@@ -84,34 +107,42 @@ def to_labctl(data: dict, smap: SourceMap, file: str) -> str:
     return "\n".join(header) + "\n" + yaml.safe_dump(lab, sort_keys=False)
 
 
-def _node(name: str, spec: dict, kinds: dict, defaults: dict, smap: SourceMap, notes: list[str]) -> dict:
+def _node(name: str, spec: dict, kinds: dict, defaults: dict, groups: dict, smap: SourceMap, notes: list[str],
+          maps: ImportMaps) -> dict:
     where = ("topology", "nodes", name)
-    kind = spec.get("kind", defaults.get("kind"))
+    group_name = spec.get("group")
+    group: dict = {}
+    if group_name is not None:
+        if not isinstance(group_name, (str, int)):
+            raise InputError(smap.where(where + ("group",)), f"node {name!r}: group must be a name",
+                             "write group: NAME (a key of topology.groups, or just a label)")
+        # a group that topology.groups does not define is only a label (containerlab's graph uses it)
+        group = _mapping(groups.get(group_name), smap, ("topology", "groups", group_name))
+    kind = spec.get("kind", group.get("kind", defaults.get("kind")))
     if kind is None:
-        raise InputError(smap.where(where), f"node {name!r} has no kind", "add `kind: linux` (or set topology.defaults.kind)")
-    if kind not in KIND_MAP:
-        what = "a network OS labctl cannot run" if kind in KNOWN_NOS or str(kind).startswith("vr-") \
-            else "a kind labctl does not know"
-        if kind == "host":
-            what, alt = "containerlab's host kind (the machine itself), which labctl never cables", \
-                "a `kind: linux` node instead: labctl keeps every lab inside its own namespaces"
-        else:
-            alt = NOS_ALTERNATIVE
-        raise InputError(smap.where(where + ("kind",)), f"node {name!r} is of kind {kind!r}, {what}",
-                         f"use {alt}")
-    level = [defaults, _mapping(kinds.get(kind), smap, ("topology", "kinds", kind)), spec]
-    for i, layer in enumerate(level):
-        at = (("topology", "defaults"), ("topology", "kinds", kind), where)[i]
+        raise InputError(smap.where(where), f"node {name!r} has no kind",
+                         "add `kind: linux` (or set it in its group or topology.defaults.kind)")
+    mapped = maps.kinds.get(kind) if isinstance(kind, str) else None
+    if kind not in KIND_MAP and mapped is None:
+        _refuse_kind(name, kind, smap.where(where + ("kind",)))
+    level = [defaults, _mapping(kinds.get(kind), smap, ("topology", "kinds", kind)), group, spec]
+    ats = (("topology", "defaults"), ("topology", "kinds", kind), ("topology", "groups", group_name), where)
+    for at, layer in zip(ats, level):
         for key in layer:
             if key in IGNORED_NODE_KEYS:
                 notes.append(f"{'.'.join(map(str, at))}.{key}: ignored (containerlab only)")
-            elif key not in NODE_KEYS:
+            elif key not in NODE_KEYS and not mapped:
                 raise InputError(smap.where(at + (key,)), f"unknown containerlab node key {key!r}",
                                  f"labctl reads {', '.join(NODE_KEYS)}, and ignores {', '.join(IGNORED_NODE_KEYS[:6])}, ...")
+    if mapped:
+        return _mapped_node(name, kind, mapped, level, notes)
     node: dict = {"kind": KIND_MAP[kind]}
     image = _nearest(level, "image") or None          # `image: ""` on a node: a plain namespace
     if image and node["kind"] != "bridge":
-        node["image"] = str(image)
+        node["image"], changed = maps.image(str(image))
+        if changed:
+            notes.append(f"{name}: image {image} runs as {node['image']} (no registry is used; "
+                         f"--image-map {image.split(':')[0]}={image.split(':')[0]} keeps it)")
     cmd = _nearest(level, "cmd")
     if not image and node["kind"] != "bridge" and any(x.get(k) for x in level for k in ("cmd", "env", "binds")):
         notes.append(f"{name}: cmd, env and binds ignored (no image: the node is a plain namespace)")
@@ -122,18 +153,53 @@ def _node(name: str, spec: dict, kinds: dict, defaults: dict, smap: SourceMap, n
     for layer in level:
         env.update({str(k): str(v) for k, v in (layer.get("env") or {}).items()})
         binds += [b for b in (layer.get("binds") or []) if b not in binds]
+    frr = node.get("image", "").split(":")[0] == FRR_IMAGE
+    startup = _nearest(level, "startup-config")
+    if startup is not None:
+        if frr and isinstance(startup, str) and "\n" not in startup:
+            binds.append(f"{startup}:/etc/frr/frr.conf:ro")
+        else:
+            notes.append(f"{name}: startup-config ignored (labctl binds it as /etc/frr/frr.conf on FRR nodes only)")
     if env and image:
         node["env"] = env
     if binds and image:
         node["binds"] = binds
-    exec_lines = _nearest(level, "exec")
+    exec_lines = list(_nearest(level, "exec") or [])
+    if frr and not any("frrinit" in str(x) or "watchfrr" in str(x) for x in exec_lines):
+        exec_lines.append(FRR_START)
+        notes.append(f"{name}: FRR started by an exec line ({FRR_START}), as the FRR image's entrypoint does")
     if exec_lines:
         node["exec"] = exec_lines
-    if spec.get("group"):
-        node["description"] = f"group {spec['group']}"
+    if group_name:
+        node["description"] = f"group {group_name}"
     if node["kind"] != "bridge":
         node["addresses"] = "none"
     return node
+
+
+def _mapped_node(name: str, kind: str, target: str, level: list[dict], notes: list[str]) -> dict:
+    """A network OS's node run as a Linux router, host or bridge: the links stay, its configuration does not."""
+    notes.append(f"{name}: kind {kind} runs as {target} (--kind-map); its NOS configuration "
+                 f"(startup-config, type, binds, exec) is not translated")
+    if target == "bridge":
+        return {"kind": "bridge"}
+    node: dict = {"kind": "host", "addresses": "none", "description": f"containerlab kind {kind}"}
+    if target == "frr":
+        node.update({"image": FRR_IMAGE, "exec": ["sysctl -w net.ipv4.ip_forward=1", FRR_START]})
+    return node
+
+
+def _refuse_kind(name: str, kind, where) -> None:
+    what = "a network OS labctl cannot run" if kind in KNOWN_NOS or str(kind).startswith("vr-") \
+        else "a kind labctl does not know"
+    if kind == "host":
+        what, alt = "containerlab's host kind (the machine itself), which labctl never cables", \
+            "a `kind: linux` node instead: labctl keeps every lab inside its own namespaces"
+        raise InputError(where, f"node {name!r} is of kind {kind!r}, {what}", f"use {alt}")
+    raise InputError(where, f"node {name!r} is of kind {kind!r}, {what}",
+                     f"run the topology's shape with `--kind-map {kind}=frr` (a Linux router on labctl/frr) or "
+                     f"`--kind-map {kind}=linux` (a plain namespace); its own configuration is not translated. "
+                     f"Or use {NOS_ALTERNATIVE}")
 
 
 def _nearest(level: list[dict], key: str):
@@ -141,7 +207,8 @@ def _nearest(level: list[dict], key: str):
     return next((x[key] for x in reversed(level) if key in x), None)
 
 
-def _link(i: int, lk: object, nodes: dict, smap: SourceMap) -> dict:
+def _link(i: int, lk: object, renamed: dict, mapped: set, smap: SourceMap, notes: list[str]) -> dict | None:
+    """The link in labctl's form; None for a link to containerlab's host, mgmt-net or macvlan (noted)."""
     where = ("topology", "links", i)
     lk = _mapping(lk, smap, where)
     kind = lk.get("type", "veth")
@@ -157,6 +224,14 @@ def _link(i: int, lk: object, nodes: dict, smap: SourceMap) -> dict:
         if isinstance(end, dict):
             end = f"{end.get('node')}:{end.get('interface')}"
         node, iface = split_endpoint(str(end))
+        if node in SPECIAL_ENDPOINTS:
+            notes.append(f"links[{i}]: {end} dropped (containerlab's {node} endpoint is the machine itself; "
+                         "labctl never cables it)")
+            return None
+        node = renamed.get(node, node)
+        if node in mapped and iface and iface != _linux_ifname(iface):
+            notes.append(f"{node}:{iface} is port {_linux_ifname(iface)} here (a NOS's name, as containerlab maps it)")
+            iface = _linux_ifname(iface)
         if not iface:
             raise InputError(smap.where(where + ("endpoints", e)), f"endpoint {end!r} names no interface",
                              'containerlab endpoints are "node:interface", e.g. "srv1:eth1"')
@@ -167,12 +242,18 @@ def _link(i: int, lk: object, nodes: dict, smap: SourceMap) -> dict:
     return link
 
 
+def _linux_ifname(name: str) -> str:
+    """A NOS's port name as a Linux one, as containerlab writes SR Linux's: ethernet-1/1 -> e1-1."""
+    n = re.sub(r"^ethernet-?", "e", name, flags=re.I) if re.match(r"ethernet-?\d", name, re.I) else name
+    return re.sub(r"[^A-Za-z0-9._-]", "-", n)[:15]
+
+
 def _node_name(name: object, smap: SourceMap) -> str:
-    if not isinstance(name, str) or not re.fullmatch(r"[a-z][a-z0-9_-]{0,39}", name):
+    if not isinstance(name, str) or not re.fullmatch(r"[a-z][a-z0-9_-]{0,39}", name.lower()):
         raise InputError(smap.where(("topology", "nodes", name)), f"node name {name!r} is not one labctl can use",
                          "labctl names are lower-case letters, digits, '-' and '_', starting with a letter "
                          "(they name namespaces and ports)")
-    return name
+    return name.lower()
 
 
 def _lab_name(name: object, smap: SourceMap, notes: list[str]) -> str:

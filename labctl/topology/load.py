@@ -46,20 +46,21 @@ def parse_sets(sets: tuple[str, ...] | list[str]) -> dict:
     return out
 
 
-def render_topology(file: str | Path, sets=(), template_dirs=()) -> tuple[str, SourceMap, str | None]:
-    """The full lab YAML text: the file itself, or what its template renders to."""
-    text, smap, template, _, _ = _render(file, sets, template_dirs)
+def render_topology(file: str | Path, sets=(), template_dirs=(), maps=None) -> tuple[str, SourceMap, str | None]:
+    """The full lab YAML text: the file itself, or what its template renders to. `maps`
+    (clabmaps.ImportMaps) maps a containerlab file's kinds and images."""
+    text, smap, template, _, _ = _render(file, sets, template_dirs, maps)
     return text, smap, template
 
 
-def _render(file: str | Path, sets=(), template_dirs=()):
+def _render(file: str | Path, sets=(), template_dirs=(), maps=None):
     """(text, its source map, template name or None, the parsed data, the template's tree or None),
     parsing each text once."""
     path = Path(file)
     text, data, smap = load_yaml_file(path, "lab file", "name:, nodes:, links:", "topologies/leaf-spine.yml")
     overrides = parse_sets(sets)
     if clab.is_clab(data):
-        text = clab.to_labctl(data, smap, str(path))
+        text = clab.to_labctl(data, smap, str(path), maps)
         data, smap = load_yaml(text, f"{path} (read as containerlab; see `labctl render {path}`)")
     if "template" not in data:
         if overrides:
@@ -118,8 +119,8 @@ def _set_dotted(data: dict, key: str, value) -> None:
     cur[parts[-1]] = value
 
 
-def load_topology(file: str | Path, sets=(), template_dirs=(), name: str | None = None) -> Loaded:
-    text, smap, template, data, root = _render(file, sets, template_dirs)
+def load_topology(file: str | Path, sets=(), template_dirs=(), name: str | None = None, maps=None) -> Loaded:
+    text, smap, template, data, root = _render(file, sets, template_dirs, maps)
     loaded = _validated(data, smap, text, Path(file), template, name)
     loaded.template_root = root
     return loaded

@@ -26,7 +26,8 @@ READER = Path(__file__).with_name("mininet_topo.py")
 MININET_DEFAULT_RATE = "1G"      # an unshaped Mininet link; labctl shapes every link, so this is its rate
 
 
-def load(file: str | None, sets=(), template_dirs=(), name: str | None = None, topo: str | None = None) -> Loaded:
+def load(file: str | None, sets=(), template_dirs=(), name: str | None = None, topo: str | None = None,
+         maps=None) -> Loaded:
     if topo is not None:
         return load_topology_text(mininet_yaml(file, topo, name), origin(file, topo))
     if file is None:
@@ -35,13 +36,13 @@ def load(file: str | None, sets=(), template_dirs=(), name: str | None = None, t
         raise InputError(Where(str(file)), "this is a Python file: labctl runs a Mininet topology file only "
                          "when asked to, since that executes it",
                          "name the topology in it: --topo NAME (its `topos` dictionary says which)")
-    return load_topology(file, sets, template_dirs, name)
+    return load_topology(file, sets, template_dirs, name, maps)
 
 
-def render(file: str | None, sets=(), template_dirs=(), topo: str | None = None) -> str:
+def render(file: str | None, sets=(), template_dirs=(), topo: str | None = None, maps=None) -> str:
     if topo is not None:
         return mininet_yaml(file, topo, None)
-    return render_topology(file, sets, template_dirs)[0]
+    return render_topology(file, sets, template_dirs, maps)[0]
 
 
 def origin(file: str | None, topo: str) -> str:

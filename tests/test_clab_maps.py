@@ -1,0 +1,96 @@
+"""containerlab files as people write them, without root: groups with a group-level kind,
+startup-config and bound FRR files, public images mapped to labctl's own, names in upper case,
+and network-OS nodes run as FRR routers or plain namespaces by a kind map, every link kept."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from labctl.errors import InputError
+from labctl.plan.compile import compile_plan
+from labctl.topology.clabmaps import ImportMaps, parse, repository
+from labctl.topology.load import load_topology, render_topology
+
+CLAB = Path(__file__).resolve().parent / "clab"
+GROUPS = CLAB / "groups" / "groups.clab.yml"
+CLOS = CLAB / "kindmap" / "clos.clab.yml"
+
+
+def test_groups_inherit_between_kinds_and_the_node_and_may_set_the_kind():
+    plan = compile_plan(load_topology(GROUPS))
+    r1, pc2 = plan.node("r1"), plan.node("pc2")
+    assert r1.container.image == "labctl/frr" and pc2.container.image == "labctl/host"
+    assert r1.container.env == {"LAB": "groups"}                   # from topology.defaults
+    assert r1.container.binds == [f"{CLAB / 'groups' / 'daemons'}:/etc/frr/daemons:ro",       # the group's
+                                  f"{CLAB / 'groups' / 'r1.conf'}:/etc/frr/frr.conf:ro"]      # startup-config
+    assert r1.exec == [["/usr/lib/frr/frrinit.sh", "start"]], "FRR is started as the image's entrypoint would"
+    assert pc2.exec[0] == ["ip", "address", "add", "10.0.2.2/24", "dev", "eth1"]
+    assert plan.lab == "groups-lab" and len(plan.links) == 3
+
+
+def test_what_is_mapped_or_ignored_is_noted_in_the_rendered_file():
+    text, _, _ = render_topology(GROUPS)
+    for note in ("node 'R1' is 'r1' here", "image quay.io/frrouting/frr:10.5.1 runs as labctl/frr",
+                 "image ghcr.io/hellt/network-multitool runs as labctl/host", "groups.hosts.labels: ignored",
+                 "PC2.env-files: ignored", "FRR started by an exec line"):
+        assert f"# note: " in text and note in text, note
+
+
+def test_an_explicit_image_map_wins_and_an_identity_map_keeps_the_image():
+    keep = compile_plan(load_topology(GROUPS, maps=parse(image_map=["network-multitool=network-multitool"])))
+    assert keep.node("pc1").container.image == "ghcr.io/hellt/network-multitool"
+    other = compile_plan(load_topology(GROUPS, maps=parse(image_map=["quay.io/frrouting/frr:9=labctl/frr:custom"])))
+    assert other.node("r1").container.image == "labctl/frr:custom"
+
+
+@pytest.mark.parametrize("image, repo", [("quay.io/frrouting/frr:10.5.1", "frrouting/frr"), ("alpine", "alpine"),
+                                         ("alpine@sha256:abc", "alpine"), ("localhost:5000/x/y:1", "x/y"),
+                                         ("ghcr.io/hellt/network-multitool", "hellt/network-multitool")])
+def test_an_image_is_matched_by_its_repository(image, repo):
+    assert repository(image) == repo
+
+
+def test_a_network_os_is_refused_with_the_kind_map_that_runs_its_shape():
+    with pytest.raises(InputError) as exc:
+        load_topology(CLOS)
+    assert f"{CLOS}:13" in str(exc.value) and "--kind-map nokia_srlinux=frr" in exc.value.fix
+
+
+@pytest.mark.parametrize("target", ["frr", "linux"])
+def test_a_kind_map_keeps_every_node_and_link(target):
+    plan = compile_plan(load_topology(CLOS, maps=parse([f"nokia_srlinux={target}"])))
+    assert sorted(n.name for n in plan.nodes) == ["client1", "client2", "leaf1", "leaf2", "mgmt", "spine1", "spine2"]
+    assert len(plan.links) == 6, "the link to containerlab's host is dropped, the six fabric links kept"
+    leaf1 = plan.node("leaf1")
+    assert {i.name for i in leaf1.interfaces} == {"e1-49", "e1-50", "e1-1"}     # ethernet-1/N, as containerlab maps
+    assert (leaf1.container.image if target == "frr" else leaf1.container) == ("labctl/frr" if target == "frr" else None)
+    assert not plan.node("mgmt").interfaces, "a lone node stands alone, as in containerlab"
+    text, _, _ = render_topology(CLOS, maps=parse([f"nokia_srlinux={target}"]))
+    assert "its NOS configuration (startup-config, type, binds, exec) is not translated" in text
+    assert "host:spine1-e10 dropped" in text
+
+
+@pytest.mark.parametrize("kinds, images, message", [
+    (["nokia_srlinux"], [], "not KIND=TARGET"),
+    (["nokia_srlinux=srl"], [], "not KIND=TARGET"),
+    (["Bad Kind=frr"], [], "not KIND=TARGET"),
+    ([], ["frr"], "not IMAGE=IMAGE"),
+    ([], ["a=b;rm -rf /"], "not IMAGE=IMAGE"),
+])
+def test_bad_maps_are_refused_before_anything_is_read(kinds, images, message):
+    with pytest.raises(InputError) as exc:
+        parse(kinds, images)
+    assert message in str(exc.value) and exc.value.fix
+
+
+def test_a_planned_node_without_links_is_still_a_mistake(tmp_path):
+    f = tmp_path / "lone.yml"
+    f.write_text("name: lone\nnodes:\n  a: {kind: host}\n  b: {kind: host}\n  c: {kind: host}\n"
+                 "links:\n  - endpoints: [a, b]\n")
+    with pytest.raises(InputError, match="node 'c' has no links"):
+        load_topology(f)
+
+
+def test_default_maps_are_empty():
+    assert ImportMaps().image("labctl/host") == ("labctl/host", False)
