@@ -27,6 +27,7 @@ def quiet(stage: str, done: int, total: int) -> None:
 class Backend:
     name = "?"
     description = ""
+    build_images = True     # a missing labctl/* image is built on first use; False: refused with the command
 
     def available(self) -> str | None:
         """None if this backend can build on this machine, else why not (with what installs it)."""

@@ -42,8 +42,9 @@ class NetnsBackend(Backend):
                                f"`labctl down {plan.lab}` if it is a lab of that name, or pick another "
                                "name with --name")
         handles: dict[str, _NsHandles] = {}
-        docker_client = _container_engine(plan, progress)
+        docker_client = None
         try:
+            docker_client = _container_engine(plan, progress, self.build_images)
             for i, node in enumerate(plan.nodes):
                 lab.journal("netns", node.namespace)
                 try:
@@ -81,6 +82,11 @@ class NetnsBackend(Backend):
                 h.close()
             handles.clear()
             self.destroy(lab)
+            if docker_client is None and any(n.container for n in plan.nodes):
+                # refused before any container existed: an engine started for this lab goes again
+                from labctl.containers import engine
+                from labctl.state import all_labs
+                engine.release_if_idle(container_nodes.labs_with_containers(all_labs(), but=lab.name))
             raise
         finally:
             if docker_client is not None:
@@ -140,14 +146,19 @@ class NetnsBackend(Backend):
         return removed
 
 
-def _container_engine(plan: LabPlan, progress: Progress):
+def _container_engine(plan: LabPlan, progress: Progress, build_images: bool = True):
     """A Docker client if the lab has container nodes (starting the engine if none runs), after
-    checking that none of their names is taken."""
+    checking that none of their names is taken and building any labctl/* image they lack."""
     wanted = [n for n in plan.nodes if n.container]
     if not wanted:
         return None
-    from labctl.containers import engine
+    from labctl.containers import engine, images
     client = engine.ensure(auto=True, progress=progress)
+    try:
+        images.ensure_present(client, sorted({n.container.image for n in wanted}), build_images, progress)
+    except BaseException:
+        client.close()
+        raise
     for node in wanted:
         if _exists(client, node.container.name):
             client.close()

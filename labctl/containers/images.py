@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -122,7 +123,64 @@ def _build(client, r: Recipe, force: bool, mirror: str | None, say) -> tuple[str
         client.api.import_image_from_file(str(archive), repository=f"labctl/{r.name}", tag=key(r),
                                           changes=changes)
     client.images.get(tag(r)).tag(f"labctl/{r.name}", "latest")
+    _remember_time(r, time.monotonic() - t0)
     return tag(r), True, time.monotonic() - t0
+
+
+def recipe_of(image: str) -> Recipe | None:
+    """The recipe that makes `image` (labctl/frr, labctl/frr:latest or its key tag), if labctl makes it."""
+    repo, _, tag_ = image.partition(":")
+    r = RECIPES.get(repo.removeprefix("labctl/")) if repo.startswith("labctl/") else None
+    return r if r and tag_ in ("", "latest", key(r)) else None
+
+
+def ensure_present(client, wanted: list[str], build: bool = True, progress=None) -> list[str]:
+    """Build each labctl/* image of `wanted` the engine lacks (or, with build=False, refuse with the
+    command that builds it); returns those built. An image labctl does not make is left to the node's
+    start, which names it."""
+    built = []
+    for image in wanted:
+        r = recipe_of(image)
+        if r is None or _has(client, image):
+            continue
+        if not build:
+            raise LabError(f"image {image} is not built yet on this machine (and --no-build was given)",
+                           f"sudo labctl image build {r.name}   # {_expected_time(r)}")
+        stage = f"build {image} ({_expected_time(r)})"
+        print(f"labctl: building image {image} on first use ({_expected_time(r)}); "
+              f"`labctl up --no-build` refuses instead", file=sys.stderr, flush=True)
+        if progress:
+            progress(stage, 0, 1)
+        _tag, _, seconds = _build(client, r, False, None, say=lambda m: None)
+        _remember_time(r, seconds)
+        if progress:
+            progress(stage, 1, 1)
+        built.append(image)
+    return built
+
+
+def _has(client, image: str) -> bool:
+    try:
+        client.images.get(image)
+        return True
+    except engine.sdk().errors.ImageNotFound:
+        return False
+
+
+def _expected_time(r: Recipe) -> str:
+    try:
+        last = float((CACHE_DIR / f"{r.name}.seconds").read_text())
+        return f"about {last / 60:.0f} min, as the last build here took"
+    except (OSError, ValueError):
+        return "debootstrap of Debian's packages: a few minutes the first time"
+
+
+def _remember_time(r: Recipe, seconds: float) -> None:
+    try:
+        CACHE_DIR.mkdir(parents=True, exist_ok=True)
+        (CACHE_DIR / f"{r.name}.seconds").write_text(f"{seconds:.0f}")
+    except OSError:
+        pass
 
 
 def listing() -> list[dict]:

@@ -1,0 +1,107 @@
+"""containerlab files as people write them, brought up on a real Docker engine: an FRR lab with
+groups, a group-level kind, public images (mapped to labctl's own) and FRR configured by
+startup-config plus a bound daemons file reaches BGP Established and pings end to end; a Clos of
+SR Linux nodes comes up on FRR with --kind-map, every planned link present and up in its
+namespaces. `down` leaves nothing."""
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import lab_namespaces
+from labctl import lifecycle as labmod
+from labctl.topology.clabmaps import parse
+
+CLAB = Path(__file__).resolve().parent / "clab"
+pytestmark = pytest.mark.netns
+ESTABLISH_S = 60          # eBGP with FRR's datacenter defaults: connect retry 10 s, hold 9 s
+
+
+def vtysh_json(plan, lab, node: str, command: str) -> dict:
+    argv = labmod.backend_of(lab).exec_argv(plan.node(node), ["vtysh", "-c", command])
+    return json.loads(subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout or "{}")
+
+
+def established(plan, lab, node: str) -> bool:
+    peers = vtysh_json(plan, lab, node, "show bgp summary json").get("ipv4Unicast", {}).get("peers", {})
+    return bool(peers) and all(p.get("state") == "Established" for p in peers.values())
+
+
+def ping(plan, lab, src: str, dst: str) -> bool:
+    argv = labmod.backend_of(lab).netns_argv(plan.node(src), ["ping", "-c1", "-W1", "-q", dst])
+    return subprocess.run(argv, capture_output=True).returncode == 0
+
+
+def test_frr_lab_with_groups_and_startup_config_reaches_bgp_established(docker_engine, state_dir, lab_name):
+    maps = parse(image_map=["frrouting/frr=labctl/frr"])
+    plan, lab, _ = labmod.up(str(CLAB / "groups" / "groups.clab.yml"), name=lab_name, maps=maps)
+    try:
+        assert plan.node("r1").container.image == "labctl/frr"
+        deadline = time.monotonic() + ESTABLISH_S
+        while not (established(plan, lab, "r1") and established(plan, lab, "r2")):
+            assert time.monotonic() < deadline, (vtysh_json(plan, lab, "r1", "show bgp summary json"),
+                                                 vtysh_json(plan, lab, "r2", "show bgp summary json"))
+            time.sleep(1)
+        # pc1 reaches pc2 only through the routes the two routers learnt from each other over BGP
+        while not ping(plan, lab, "pc1", "10.0.2.2"):
+            assert time.monotonic() < deadline + 20, "pc1 cannot reach pc2 with BGP Established"
+            time.sleep(1)
+        routes = vtysh_json(plan, lab, "r1", "show ip route bgp json")
+        assert "10.0.2.0/24" in routes, routes
+    finally:
+        labmod.down(lab_name)
+    assert lab_namespaces(lab_name + "-") == []
+    assert not docker_engine.containers.list(all=True, filters={"label": f"labctl.lab={lab_name}"})
+
+
+def test_sr_linux_clos_comes_up_on_frr_with_every_link_in_place(docker_engine, state_dir, lab_name):
+    plan, lab, _ = labmod.up(str(CLAB / "kindmap" / "clos.clab.yml"), name=lab_name,
+                             maps=parse(["nokia_srlinux=frr"]))
+    try:
+        assert len(plan.links) == 6
+        for node in plan.nodes:
+            argv = labmod.backend_of(lab).netns_argv(node, ["ip", "-j", "link", "show"])
+            links = {x["ifname"]: x for x in json.loads(subprocess.run(argv, capture_output=True, text=True,
+                                                                       check=True).stdout)}
+            for iface in node.interfaces:
+                assert iface.name in links, (node.name, iface.name, sorted(links))
+                assert "UP" in links[iface.name]["flags"] and "LOWER_UP" in links[iface.name]["flags"], \
+                    (node.name, iface.name, links[iface.name]["flags"])
+        leaf1 = plan.node("leaf1")
+        argv = labmod.backend_of(lab).exec_argv(leaf1, ["sh", "-c", "pgrep -x zebra >/dev/null && echo zebra"])
+        assert subprocess.run(argv, capture_output=True, text=True).stdout.strip() == "zebra", \
+            "the mapped node runs FRR"
+    finally:
+        labmod.down(lab_name)
+    assert lab_namespaces(lab_name + "-") == []
+
+
+def test_up_makes_a_missing_labctl_image_and_no_build_refuses_naming_the_command(docker_engine, state_dir, lab_name,
+                                                                              tmp_path):
+    from labctl import state
+    from labctl.containers import images
+    from labctl.errors import LabError
+    f = tmp_path / "two.clab.yml"
+    f.write_text("name: two\ntopology:\n  nodes:\n    a: {kind: linux, image: labctl/host}\n"
+                 "    b: {kind: linux, image: labctl/host}\n  links:\n    - endpoints: [a:eth1, b:eth1]\n")
+    keyed = images.tag(images.recipe("host"))
+    docker_engine.images.get(keyed)                      # the fixture built it: only the `latest` name goes
+    docker_engine.api.remove_image("labctl/host:latest")
+    try:
+        with pytest.raises(LabError) as exc:
+            labmod.up(str(f), name=lab_name, build_images=False)
+        assert "labctl image build host" in exc.value.fix
+        assert lab_namespaces(lab_name + "-") == [] and not state.lab_dir(lab_name).path.exists()
+        assert not docker_engine.containers.list(all=True, filters={"label": f"labctl.lab={lab_name}"})
+        plan, lab, _ = labmod.up(str(f), name=lab_name)
+        try:
+            assert docker_engine.images.get("labctl/host:latest").id == docker_engine.images.get(keyed).id
+        finally:
+            labmod.down(lab_name)
+    finally:
+        docker_engine.images.get(keyed).tag("labctl/host", "latest")
+    assert lab_namespaces(lab_name + "-") == []
