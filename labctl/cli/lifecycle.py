@@ -20,13 +20,19 @@ from labctl.cli.base import SET_HELP, TEMPLATES_HELP, TOPO_HELP, clab_map_option
               help="what builds the nodes: " + ", ".join(backends.names()))
 @click.option("--no-build", is_flag=True, help="fail, with the command to run, instead of building a missing "
               "labctl/* image (up builds one on first use, which takes minutes)")
+@click.option("--trust", is_flag=True, help="run the lab's powerful lines (exec on the host, binds, foreign images) "
+              "although its files are not root's alone; read them first in `labctl plan`")
 @clab_map_options
-def up(file, sets, name, template_dirs, topo, backend, no_build, kind_map, image_map):
+def up(file, sets, name, template_dirs, topo, backend, no_build, trust, kind_map, image_map):
     """Build a lab: namespaces, veth links, addresses, ECMP routes and shaping.
 
     Every node's network namespace is <lab>-<node>, whatever backend built it, so plain
     `ip netns exec <lab>-<node> ...` works too. If anything fails half-way, what was made is
     removed again.
+
+    A lab file is code run as root. If it has powerful lines (exec on the host, binds, images
+    labctl did not build), up runs it only when the file, its directory and its templates are
+    root's and writable by no one else, or with --trust. `labctl plan FILE` lists those lines.
 
     \b
     Example:
@@ -52,7 +58,7 @@ def up(file, sets, name, template_dirs, topo, backend, no_build, kind_map, image
 
         maps = clab_maps(kind_map, image_map)
         p, lab, elapsed = labmod.up(file, sets, name, template_dirs, backend=backend, progress=progress, topo=topo,
-                                    maps=maps, build_images=not no_build)
+                                    maps=maps, build_images=not no_build, trust=trust)
     kinds: dict[str, int] = {}
     for n in p.nodes:
         kinds[n.kind] = kinds.get(n.kind, 0) + 1

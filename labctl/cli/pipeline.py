@@ -41,8 +41,9 @@ def render(file, sets, template_dirs, topo, kind_map, image_map):
 def plan(file, sets, name, template_dirs, topo, as_json, kind_map, image_map):
     """Compile a lab into its concrete plan without building it (no root needed).
 
-    Shows every namespace, port, address and route; --json prints everything, including MACs,
-    ifindexes, sysctls and per-port shaping.
+    Shows every namespace, port, address and route, and the lab's powerful lines (exec on the
+    host, binds, images labctl did not build) with whether `up` trusts them; --json prints
+    everything, including MACs, ifindexes, sysctls and per-port shaping.
 
     \b
     Example:
@@ -53,10 +54,13 @@ def plan(file, sets, name, template_dirs, topo, as_json, kind_map, image_map):
     from labctl.topology import sources
     from labctl.units import format_rate
     from labctl.dataplane import arrivals
-    p = compile_plan(sources.load(file, sets, template_dirs, name, topo, clab_maps(kind_map, image_map)),
-                     arrivals.choose())
+    from labctl.plan import trust
+    loaded = sources.load(file, sets, template_dirs, name, topo, clab_maps(kind_map, image_map))
+    p = compile_plan(loaded, arrivals.choose())
+    powerful, untrusted = trust.powerful(loaded), trust.untrusted(loaded)
     if as_json:
-        click.echo(json.dumps(p.to_dict(), indent=1))
+        click.echo(json.dumps({**p.to_dict(), "powerful": trust.as_dicts(powerful),
+                               "trusted": not untrusted, "untrusted_because": untrusted}, indent=1))
         return
     t = Table(title=f"lab {p.lab}: {len(p.nodes)} nodes, {len(p.links)} links, dilation {p.dilation:g}")
     boxed = any(n.container for n in p.nodes)
@@ -77,6 +81,15 @@ def plan(file, sets, name, template_dirs, topo, as_json, kind_map, image_map):
         for n, argv in lines:
             et.add_row(n.name, "container" if n.container else "netns", shlex.join(argv))
         out.print(et)
+    if powerful:
+        verdict = ("its files are root's alone: `up` runs them" if not untrusted else
+                   f"NOT TRUSTED ({'; '.join(untrusted[:2])}): `up` refuses them without --trust")
+        pt = Table(title=f"powerful lines: code this lab runs as root, or host paths it hands out; {verdict}")
+        for col in ("where", "what", "line", "why"):
+            pt.add_column(col)
+        for line in powerful:
+            pt.add_row(line.where, line.what, line.text, line.why)
+        out.print(pt)
     lt = Table(title="links")
     for col in ("a", "b", "fabric", "subnet", "rate (real)", "rate (lab)"):
         lt.add_column(col)

@@ -13,6 +13,7 @@ from labctl.errors import InputError, Where
 from labctl.kinds import node_kind
 from labctl.lifecycle import convergence, software
 from labctl.lifecycle.labs import backend_of, find_lab, require_root
+from labctl.plan import trust as trust_model
 from labctl.plan.compile import compile_plan
 from labctl.plan.model import LabPlan
 from labctl.topology import sources
@@ -20,19 +21,22 @@ from labctl.topology.load import Loaded
 
 
 def up(file: str | None, sets=(), name: str | None = None, template_dirs=(), backend: str = "netns",
-       progress=None, topo: str | None = None, maps=None, build_images: bool = True
+       progress=None, topo: str | None = None, maps=None, build_images: bool = True, trust: bool = False
        ) -> tuple[LabPlan, state.LabDir, float]:
     """Build a lab file (or, with `topo`, a Mininet topology: see topology/sources.py); `maps`
-    (topology.clabmaps.ImportMaps) maps a containerlab file's kinds and images."""
+    (topology.clabmaps.ImportMaps) maps a containerlab file's kinds and images; `trust` vouches for
+    a lab whose powerful lines (plan/trust.py) come from files root does not own."""
     loaded = sources.load(file, sets, template_dirs, name, topo, maps)
     return build(loaded, backend, progress, str(Path(file).resolve()) if file else f"mininet:{topo}",
-                 build_images)
+                 build_images, trust)
 
 
 def build(loaded: Loaded, backend: str = "netns", progress=None,
-          topology_file: str | None = None, build_images: bool = True) -> tuple[LabPlan, state.LabDir, float]:
+          topology_file: str | None = None, build_images: bool = True,
+          trust: bool = False) -> tuple[LabPlan, state.LabDir, float]:
     """Build a loaded (validated) lab: its plan, by `backend`, with a record in the state directory."""
     plan = compile_plan(loaded, arrivals.choose())
+    trust_model.require(loaded, trust)
     flowhash.adopt(plan, loaded.topology.routing.hash_policy, loaded.topology.routing.hash_seed)
     builder = backends.get(backend)
     builder.build_images = build_images

@@ -7,6 +7,7 @@ containerlab does).
 """
 from __future__ import annotations
 
+import os
 import shlex
 from pathlib import Path
 
@@ -17,6 +18,12 @@ from labctl.topology.templates import render_file
 from labctl.topology.yamlpos import SourceMap
 
 BIND_MODES = ("ro", "rw")
+# never mounted into a node, even with --trust: the host's system trees (a node holding one holds the host)
+SYSTEM_TREES = ("/etc", "/proc", "/sys", "/dev", "/boot", "/root")
+RUNTIME_SOCKETS = ("docker.sock", "containerd.sock", "podman.sock", "crio.sock", "dockershim.sock",
+                   "cri-dockerd.sock", "buildkitd.sock")
+RUNTIME_DIRS = ("/run/docker", "/var/run/docker", "/run/containerd", "/var/run/containerd", "/run/podman",
+                "/var/lib/docker", "/var/lib/containerd")
 
 
 def container_name(lab: str, node: str) -> str:
@@ -93,5 +100,27 @@ def _bind(text: str, lab_file: Path, smap: SourceMap, key: tuple) -> str:
     if not inside.startswith("/"):
         raise InputError(smap.where(key), f"the container path {inside!r} is not absolute",
                          "write it from the container's root, e.g. ./frr.conf:/etc/frr/frr.conf")
-    resolved = Path(host) if host.startswith("/") else (lab_file.resolve().parent / host)
-    return ":".join([str(resolved.resolve()), inside, *parts[2:]])
+    lab_dir = lab_file.resolve().parent
+    given = Path(host) if host.startswith("/") else (lab_dir / host)
+    resolved = given.resolve()
+    _refuse_dangerous(str(resolved), smap.where(key), text)
+    literal = host.startswith("/") and ".." not in host.split("/") and str(resolved) == os.path.normpath(host)
+    if not literal and not resolved.is_relative_to(lab_dir):
+        raise InputError(smap.where(key), f"the bind {text!r} leaves the lab's directory through "
+                         f"{'a symlink' if '..' not in host.split('/') else '..'} (it is {resolved})",
+                         "name the host path literally, as an absolute path with no symlink or '..', if you "
+                         "mean it; labctl never follows a relative path or link out of the lab's directory")
+    return ":".join([str(resolved), inside, *parts[2:]])
+
+
+def _refuse_dangerous(path: str, where, text: str) -> None:
+    """The binds no lab gets, trusted or not."""
+    name = os.path.basename(path)
+    if path == "/" or any(path == t or path.startswith(t + "/") for t in SYSTEM_TREES):
+        raise InputError(where, f"the bind {text!r} mounts the host's {path if path == '/' else path.split('/')[1]}"
+                         " tree: a node holding it holds the host", "bind a file of the lab's own directory instead "
+                         "(e.g. ./frr.conf:/etc/frr/frr.conf:ro); labctl refuses this even with --trust")
+    if name in RUNTIME_SOCKETS or any(path == d or path.startswith(d + "/") for d in RUNTIME_DIRS):
+        raise InputError(where, f"the bind {text!r} hands a container runtime ({path}) to the node: whoever "
+                         "runs in it can start containers as root on this machine",
+                         "remove it; labctl refuses a runtime's socket or state even with --trust")

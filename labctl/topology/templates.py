@@ -188,19 +188,31 @@ def _fail(message: str):
 
 
 def _check_not_writable_by_others(tpl: Template, where: Where) -> None:
-    """As root: a template is code root runs, so nobody but its owner may be able to change it."""
+    """As root: a template is code root runs, and it may include any file of its tree, so nobody but
+    root may be able to change any of them (a symlink counts as the file it names, and as itself)."""
     if os.geteuid() != 0:
         return
     tree = tpl.directory.parent
-    for p in [tree, tpl.directory, *sorted(tpl.directory.rglob("*")), *sorted((tree / "lib").rglob("*"))]:
+    for p in [tree, *sorted(tree.rglob("*"))]:
+        for st in _stats(p):
+            if st.st_uid != 0:
+                raise InputError(where, f"template {tpl.name!r}: {p} is owned by uid {st.st_uid}, and labctl "
+                                 "runs templates as root", f"sudo chown root: {p} (or keep your templates in "
+                                 "a directory of root's)")
+            if not stat.S_ISLNK(st.st_mode) and st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                raise InputError(where, f"template {tpl.name!r}: {p} can be written by group or others "
+                                 f"(mode {stat.S_IMODE(st.st_mode):o}), and labctl runs templates as root",
+                                 f"chmod go-w {p}")
+
+
+def _stats(p: Path) -> list[os.stat_result]:
+    out = []
+    for follow in (False, True):
         try:
-            mode = os.stat(p).st_mode
+            out.append(os.stat(p, follow_symlinks=follow))
         except OSError:
-            continue
-        if mode & (stat.S_IWGRP | stat.S_IWOTH):
-            raise InputError(where, f"template {tpl.name!r}: {p} can be written by group or others "
-                             f"(mode {stat.S_IMODE(mode):o}), and labctl runs templates as root",
-                             f"chmod go-w {p}")
+            pass
+    return out
 
 
 def _environment(root: Path) -> jinja2.Environment:

@@ -1,0 +1,130 @@
+"""Who may make labctl run code as root: the trust model of a lab file.
+
+labctl runs as root, and a lab file can hand parts of the host to whoever wrote it. These are its
+powerful lines:
+- an `exec:` line on a node without an image: it runs on this host, as root, in the node's netns
+  (with the host's file system and processes in reach);
+- a `binds:` entry: a host path mounted into a container (read-write unless `:ro`);
+- an `image:` labctl did not build: someone else's code runs in a container labctl cables.
+
+(Privileged containers, added capabilities and host-network nodes cannot be written in a lab
+file at all: the schema refuses those keys, and so does the containerlab importer.)
+
+A lab with powerful lines comes up only if it is trusted: the lab file, the directory holding it,
+and every file of the template tree it was rendered from are owned by root and writable by no one
+else (a sticky directory such as /tmp counts as safe) — or the user says `--trust`. Otherwise
+`up` stops before it creates anything, listing each powerful line and both ways on. `labctl plan`
+lists the powerful lines always.
+
+Some binds are refused even with `--trust` (plan/software.py): the host's system trees, a
+container runtime's socket, and a relative path or symlink that leaves the lab's directory.
+"""
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from labctl.errors import InputError, Where
+
+OWN_IMAGES = ("labctl/",)          # images `labctl image build` makes from Debian packages
+MAX_TEMPLATE_FILES = 4096
+
+
+@dataclass(frozen=True)
+class Powerful:
+    where: str      # file:line: key
+    what: str       # exec-on-host, bind or image
+    text: str
+    why: str
+
+    def line(self) -> str:
+        return f"{self.where}: {self.what}: {self.text}  ({self.why})"
+
+
+def powerful(loaded) -> list[Powerful]:
+    """Every powerful line of a loaded lab, in file order."""
+    smap, out = loaded.source, []
+    for name, node in loaded.topology.nodes.items():
+        if node.image is None:
+            for i, line in enumerate(node.exec):
+                out.append(Powerful(str(smap.where(("nodes", name, "exec", i))), "exec on the host", line,
+                                    f"runs as root on this machine, in {name}'s netns"))
+        else:
+            if not node.image.startswith(OWN_IMAGES):
+                out.append(Powerful(str(smap.where(("nodes", name, "image"))), "image", node.image,
+                                    "runs code labctl did not build, in a container it cables"))
+            for i, bind in enumerate(node.binds):
+                mode = "read-only" if bind.endswith(":ro") else "read-write"
+                out.append(Powerful(str(smap.where(("nodes", name, "binds", i))), "bind", bind,
+                                    f"mounts a host path into {name}, {mode}"))
+    return out
+
+
+def untrusted(loaded) -> list[str]:
+    """Why the lab's own files are not trusted (empty: they are): each file or directory that
+    someone other than root owns or may write."""
+    paths = [Path(loaded.file)]
+    if loaded.template_root is not None:
+        root = Path(loaded.template_root)
+        paths.append(root)
+        for k, p in enumerate(root.rglob("*")):
+            if k >= MAX_TEMPLATE_FILES:
+                return [f"{root}: more than {MAX_TEMPLATE_FILES} files in the template tree"]
+            paths.append(p)
+    reasons = []
+    for p in paths:
+        for q in _with_parent(p):
+            why = _unsafe(q)
+            if why and why not in reasons:
+                reasons.append(why)
+    return reasons
+
+
+def require(loaded, trusted_by_flag: bool) -> list[Powerful]:
+    """Refuse a lab whose powerful lines nobody vouched for, before anything is built."""
+    lines = powerful(loaded)
+    if not lines or trusted_by_flag:
+        return lines
+    reasons = untrusted(loaded)
+    if not reasons:
+        return lines
+    listing = "\n    ".join(p.line() for p in lines)
+    raise InputError(Where(str(loaded.file)),
+                     f"this lab runs code as root on this machine, and its files are not trusted "
+                     f"({'; '.join(reasons[:3])}{'; ...' if len(reasons) > 3 else ''}). Its powerful lines:\n    "
+                     f"{listing}",
+                     "read those lines, then either make the files root's and writable by no one else "
+                     "(sudo chown root: FILE && sudo chmod go-w FILE, and the same for its directory and "
+                     "templates), or say you trust it: labctl up --trust ...")
+
+
+def as_dicts(lines: list[Powerful]) -> list[dict]:
+    return [asdict(p) for p in lines]
+
+
+def _with_parent(p: Path) -> list[Path]:
+    out = [p]
+    try:
+        out.append(p.resolve().parent)
+        if p.is_symlink():
+            out.append(p.resolve())
+    except OSError:
+        pass
+    return out
+
+
+def _unsafe(p: Path) -> str | None:
+    try:
+        st = os.lstat(p)
+    except OSError:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        return None if st.st_uid == 0 else f"{p} is a symlink owned by uid {st.st_uid}"
+    if st.st_uid != 0:
+        return f"{p} is owned by uid {st.st_uid}, not root"
+    sticky = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not sticky:
+        return f"{p} is writable by {'others' if st.st_mode & stat.S_IWOTH else 'its group'}"
+    return None
