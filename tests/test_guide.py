@@ -7,6 +7,7 @@ command (a `$ ` line in a console block; any line but a comment in a shell block
 fence is its marker: `<!-- example -->`, or `<!-- run by FILE -->` where FILE runs it."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shlex
@@ -15,6 +16,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -132,6 +135,8 @@ def test_the_readme_is_a_front_door():
 
 
 def mkdocs_build(config: Path, site: Path) -> subprocess.CompletedProcess:
+    if importlib.util.find_spec("mkdocs") is None or importlib.util.find_spec("material") is None:
+        pytest.fail("mkdocs and mkdocs-material are missing: ./install.sh installs them (pip install -e '.[docs]')")
     # no -q: it silences the warnings that --strict turns into failures
     return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config),
                            "-d", str(site)], capture_output=True, text=True, timeout=300,
