@@ -155,6 +155,7 @@ def test_a_broken_anchor_fails_the_strict_build(tmp_path):
     """The check above has teeth: the same guide with one link to a missing anchor does not build."""
     shutil.copytree(ROOT / "docs", tmp_path / "docs")
     shutil.copy(ROOT / "mkdocs.yml", tmp_path / "mkdocs.yml")
+    shutil.copytree(ROOT / ".mkdocs", tmp_path / ".mkdocs")
     with open(tmp_path / "docs" / "index.md", "a") as f:
         f.write("\n[broken](commands.md#no-such-heading)\n")
     r = mkdocs_build(tmp_path / "mkdocs.yml", tmp_path / "site")
