@@ -160,3 +160,10 @@ def test_a_broken_anchor_fails_the_strict_build(tmp_path):
         f.write("\n[broken](commands.md#no-such-heading)\n")
     r = mkdocs_build(tmp_path / "mkdocs.yml", tmp_path / "site")
     assert r.returncode != 0 and "no-such-heading" in r.stdout + r.stderr, r.stdout[-2000:] + r.stderr[-2000:]
+
+
+def test_the_blocks_marked_for_test_readme_are_the_ones_it_runs():
+    from test_readme import quick_start_blocks
+    marked = [[command for command, _ in steps(b)] for b in all_blocks()
+              if b.marker == "<!-- run by tests/test_readme.py -->"]
+    assert marked == [[command for command, _ in block] for block in quick_start_blocks()]
