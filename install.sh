@@ -55,13 +55,16 @@ fi
 # the box vm/build-box.sh makes carries a wheelhouse, so a guest that reaches no registry installs too
 wheels=${LABCTL_WHEELS:-/opt/labctl/wheels}
 pip_from=()
+extras=test,docs
 if [ -d "$wheels" ]; then
+  # the guide is built on the host, not in a guest: the wheelhouse carries the test extra only
   pip_from=(--no-index --find-links "$wheels")
+  extras=test
   say "installing labctl into $here/.venv from the wheelhouse $wheels"
 else
   say "installing labctl into $here/.venv"
 fi
-"$here/.venv/bin/python" -m pip install -q --disable-pip-version-check "${pip_from[@]}" -e "$here[test]"
+"$here/.venv/bin/python" -m pip install -q --disable-pip-version-check "${pip_from[@]}" -e "$here[$extras]"
 ln -sf "$here/.venv/bin/labctl" /usr/local/bin/labctl
 say "labctl $("$here/.venv/bin/labctl" --version | awk '{print $NF}') installed as /usr/local/bin/labctl"
 

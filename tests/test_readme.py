@@ -1,6 +1,7 @@
 """The README's quick start runs as written: every console line of it is run, and every output line it
 quotes must be what the command prints. The lab is renamed to a test name (namespaces are global,
-and a user's `ls` lab must never be touched), and quoted outputs are renamed with it."""
+and a user's `ls` lab must never be touched), and quoted outputs are renamed with it.
+tests/test_guide.py holds the user guide's checks (and every other command block's marking)."""
 from __future__ import annotations
 
 import os
