@@ -30,6 +30,7 @@ class Shaping:
     quantum: int
     buffer_bytes: int
     classes: list[ClassPlan] = field(default_factory=list)
+    overhead_bytes: int = 0   # added to every packet's size by the shaper: ESP's, on an encrypted link
 
 
 @dataclass

@@ -34,6 +34,24 @@ def priority_value(tc: int) -> int:
     return class_handle(tc)
 
 
+# ESP in tunnel mode with AES-GCM (RFC 4303, RFC 4106; wan/esp.py) adds to each inner IPv4 packet:
+# outer IPv4 20 + SPI/seq 8 + IV 8 + pad 0-3 (to a 4-byte boundary) + pad length 1 + next header 1
+# + ICV 16 = 54 to 57 bytes. An encrypted port's shaper charges the most, so that its queue, not the
+# line's, holds what the fibre cannot take yet.
+ESP_MIN_OVERHEAD = 20 + 8 + 8 + 2 + 16
+ESP_MAX_OVERHEAD = ESP_MIN_OVERHEAD + 3
+
+
+def esp_padding(inner_len: int) -> int:
+    """Pad bytes that bring inner packet + pad length + next header to a multiple of 4."""
+    return (-(inner_len + 2)) % 4
+
+
+def esp_overhead(inner_len: int) -> int:
+    """Bytes ESP adds on the wire to an inner IPv4 packet of `inner_len` bytes."""
+    return ESP_MIN_OVERHEAD + esp_padding(inner_len)
+
+
 def lossless_tbf_rate(link_bps: int) -> int:
     """A lossless class's TBF leaf runs far above the link (HTB shapes) until a PFC pause sets it to 8 bit/s."""
     return 10 * link_bps
