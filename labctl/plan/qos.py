@@ -135,6 +135,15 @@ def bdp_bytes(rate_bps: int, one_way_ns: int) -> int:
     return int(rate_bps / 8 * 2 * one_way_ns / 1e9)
 
 
+def ecn_thresholds(kmin: int, kmax: int, link_bps: int, reference_bps: int | None) -> tuple[int, int]:
+    """A port's (Kmin, Kmax): the profile's, scaled by its link's real rate over the rate the profile
+    is given for (DCQCN's deployments scale them so: a queue of Kmin drains in the same time at any
+    rate). Without a reference rate, the same bytes at every rate."""
+    if not reference_bps:
+        return kmin, kmax
+    return max(1, round(kmin * link_bps / reference_bps)), max(2, round(kmax * link_bps / reference_bps))
+
+
 def shaping_for(lab_rate_bps: int, mtu: int, buffer_bytes: int, classes=(), lossless_fabric: bool = False,
                 feeders: int = 1, lab_delay_ns: int = 0, pfc_quanta: int = 0xFFFF,
                 class_buffer: int | None = None, credit_based: bool = False,
