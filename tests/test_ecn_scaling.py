@@ -48,3 +48,4 @@ def test_a_queue_at_kmin_drains_in_the_same_time_at_every_rate():
     for rate in (25e9, 100e9, 400e9, 800e9):
         kmin, _ = qos.ecn_thresholds(400_000, 1_600_000, int(rate), 100 * 10**9)
         assert kmin * 8 / rate == pytest.approx(400_000 * 8 / 100e9, rel=1e-6)
+

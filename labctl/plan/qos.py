@@ -144,6 +144,12 @@ def ecn_thresholds(kmin: int, kmax: int, link_bps: int, reference_bps: int | Non
     return max(1, round(kmin * link_bps / reference_bps)), max(2, round(kmax * link_bps / reference_bps))
 
 
+def bdp_distance_m(buffer_bytes: int, rate_bps: int, ns_per_km: int = 4900) -> float:
+    """The fibre length at which the bandwidth-delay product equals `buffer_bytes`: the buffer holds
+    one round trip of the link, half of it each way."""
+    return buffer_bytes * 8 / rate_bps / 2 / (ns_per_km * 1e-9) * 1000
+
+
 def shaping_for(lab_rate_bps: int, mtu: int, buffer_bytes: int, classes=(), lossless_fabric: bool = False,
                 feeders: int = 1, lab_delay_ns: int = 0, pfc_quanta: int = 0xFFFF,
                 class_buffer: int | None = None, credit_based: bool = False,
