@@ -3,8 +3,9 @@
 For each direction of each link it reads the frames the sending router puts on the line, loses
 some at random (`loss`), encrypts them (ESP, when the link says `encrypt`), holds them for the
 link's one-way delay plus up to `jitter` (never reordering: a frame leaves no earlier than the one
-before it), and puts them on the fibre; the far end decrypts and hands them to the receiving
-router. The buffer of the WAN is the routers' egress queue (deep, BDP-sized by default); the line
+before it), and puts them on the fibre no faster than the link's rate, counted on the frame as it
+leaves (ESP's 54-57 bytes included; an encrypted port's shaper charges them too, plan/qos.py); the
+far end decrypts and hands them to the receiving router. The buffer of the WAN is the routers' egress queue (deep, BDP-sized by default); the line
 itself only bounds what is in flight (2 x BDP + 4 MB + one second of the link) and counts what it
 drops.
 
