@@ -39,3 +39,24 @@ def test_go_back_n_waits_longer_than_a_wan_round_trip_and_a_full_dci_queue():
     assert retransmission_timeout(far) == pytest.approx(1.0 + 3.92 + 5.12, rel=1e-3)
     near = compile_plan(load_topology(topo, ["distance=1", "wan_buffer=2MB"], "t"))
     assert retransmission_timeout(near) == pytest.approx(1.0 + 0.0392 + 0.16, rel=1e-3)
+
+
+def test_the_replica_all_reduce_bursts_12_6_mb_into_the_dci_router_per_phase():
+    """scale-across-buffers' model: one layer at hidden 1024 in bf16, sharded over a zone's 4 GPUs;
+    the replica all-reduce sends, per phase and per direction, 4 x half a 6.3 MB shard across the
+    WAN, which arrives at 800G and leaves at 400G: half of it queues (docs/load-balancing.md)."""
+    from labctl.traffic import fsdp, schedule as sch
+    zone = {r: r // 4 for r in range(8)}
+    model = fsdp.model_from(None, 1, 1024, None, "bf16")
+    crossing = 0
+    for stage in fsdp.fsdp_step(model, list(range(8)), "HYBRID_SHARD", 4):
+        for c in stage:
+            if "replica" not in c.label:
+                continue
+            for group in c.groups:
+                s = sch.GENERATORS[c.collective](list(group), c.size, 512 * 1024, 1)
+                crossing += sum(t.nbytes for t in s.transfers if zone[t.src] == 0 and zone[t.dst] == 1)
+    per_phase = crossing / 2                      # reduce-scatter, then all-gather
+    assert per_phase == pytest.approx(12.6e6, rel=0.01)
+    peak = per_phase * (1 - 400 / 800)
+    assert 2_000_000 < peak < qos.bdp_bytes(400 * 10**9, 100 * 4900)    # drops at 2 MB, not at the BDP
