@@ -38,7 +38,7 @@ def all_experiments(tmp_path_factory):
     out = tmp_path_factory.mktemp("experiments")
     env = {**os.environ, "LABCTL_STATE_DIR": str(out / "state"), "LABCTL_EXPERIMENT_PREFIX": prefix}
     r = subprocess.run([sys.executable, "-m", "labctl", "run", str(ROOT / "experiments"), "--out", str(out / "runs")],
-                       capture_output=True, text=True, env=env, cwd=str(ROOT), timeout=1500)
+                       capture_output=True, text=True, env=env, cwd=str(ROOT), timeout=1800)
     left = lab_namespaces(prefix)
     for ns in left:
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
