@@ -45,3 +45,18 @@ def test_wireshark_sa_line():
     sa = esp.Sa(0x1001, bytes(range(16)), b"\xaa\xbb\xcc\xdd", "10.9.0.0", "10.9.0.1")
     assert sa.wireshark_sa() == ('"IPv4","10.9.0.0","10.9.0.1","0x00001001","AES-GCM with 16 octet ICV [RFC4106]",'
                                  '"0x000102030405060708090a0b0c0d0e0faabbccdd","NULL",""')
+
+
+def test_esp_adds_54_to_57_bytes_as_its_padding_says_and_scapy_agrees():
+    """Outer IPv4 20 + SPI/seq 8 + IV 8 + pad 0-3 + pad length 1 + next header 1 + ICV 16."""
+    sa = esp.Sa.new(0x3003, "10.9.0.0", "10.9.0.1")
+    seen = set()
+    for payload in range(1000, 1004):
+        frame = bytes(Ether() / IP(src="10.1.0.1", dst="10.1.1.9") / UDP() / (b"r" * payload))
+        inner = len(frame) - 14
+        added = len(esp.encapsulate(sa, frame)) - len(frame)
+        theirs = SecurityAssociation(ESP, spi=sa.spi, crypt_algo="AES-GCM", crypt_key=sa.key + sa.salt,
+                                     tunnel_header=IP(src=sa.src, dst=sa.dst))
+        assert added == esp.overhead(inner) == len(theirs.encrypt(IP(frame[14:]))) - inner
+        seen.add(added)
+    assert seen == {54, 55, 56, 57} and (esp.MIN_OVERHEAD, esp.MAX_OVERHEAD) == (54, 57)

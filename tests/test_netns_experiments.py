@@ -38,7 +38,7 @@ def all_experiments(tmp_path_factory):
     out = tmp_path_factory.mktemp("experiments")
     env = {**os.environ, "LABCTL_STATE_DIR": str(out / "state"), "LABCTL_EXPERIMENT_PREFIX": prefix}
     r = subprocess.run([sys.executable, "-m", "labctl", "run", str(ROOT / "experiments"), "--out", str(out / "runs")],
-                       capture_output=True, text=True, env=env, cwd=str(ROOT), timeout=1500)
+                       capture_output=True, text=True, env=env, cwd=str(ROOT), timeout=1800)
     left = lab_namespaces(prefix)
     for ns in left:
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
@@ -48,7 +48,7 @@ def all_experiments(tmp_path_factory):
 def test_every_bundled_experiment_passes_and_leaves_nothing_behind(all_experiments):
     r, runs, left, prefix = all_experiments
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "7 of 7 experiments passed" in r.stdout, r.stdout[-2000:]
+    assert "8 of 8 experiments passed" in r.stdout, r.stdout[-2000:]
     assert left == [], left
     stray = subprocess.run(["pgrep", "-f", prefix], capture_output=True, text=True).stdout
     assert stray == "", stray

@@ -69,8 +69,9 @@ def tc_show(target, lab_name, as_json):
     if as_json:
         click.echo(json.dumps({"ecn": vars(plan.ecn), "controller_reaction": react, "queues": rows}, indent=1))
         return
+    scaled = f" at {plan.ecn.rate_bps / 1e9:g}G, scaled to each port's rate" if plan.ecn.rate_bps else ""
     out.print(_queue_table(rows, f"{node.name} in lab {plan.lab}: ECN Kmin {plan.ecn.kmin} B, "
-                                 f"Kmax {plan.ecn.kmax} B, Pmax {plan.ecn.pmax}"))
+                                 f"Kmax {plan.ecn.kmax} B{scaled}, Pmax {plan.ecn.pmax}"))
     if any(r["lossless"] for r in rows):
         out.print(reaction.describe(react) + ", since the lab came up", highlight=False)
 

@@ -128,7 +128,8 @@ class PortSettings:
 
 def settings_for(plan, node, iface, cls, overrides: dict) -> PortSettings:
     e = plan.ecn
-    s = PortSettings(ecn=cls.ecn and node.switching, pfc=cls.lossless, kmin=e.kmin, kmax=e.kmax, pmax=e.pmax,
+    s = PortSettings(ecn=cls.ecn and node.switching, pfc=cls.lossless, kmin=cls.kmin_bytes or e.kmin,
+                     kmax=cls.kmax_bytes or e.kmax, pmax=e.pmax,
                      xoff=cls.xoff_bytes, xon=cls.xon_bytes)
     for name, value in overrides.get(key(node.name, iface.name, cls.tc), {}).items():
         setattr(s, name, SETTINGS[name](value))

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from statistics import mean
 
+from labctl.experiment import wan
 from labctl.kinds import fabric_kind
 from labctl.plan.model import LabPlan
 
@@ -77,6 +78,7 @@ def run_metrics(plan: LabPlan, run_dir: Path, wan_bytes: float = 0.0) -> dict[st
         "tcp_goodput_bps": sum(f["received"] for f in flows) * 8 / span if span else 0.0,
         "victim_time_s": sum(r.get("victim_s") or 0.0 for r in results),
         "fsdp_bytes_ratio": _fsdp_ratio(doc),
+        **wan.wan_metrics(plan, deltas),
     }
 
 

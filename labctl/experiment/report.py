@@ -6,7 +6,8 @@ from pathlib import Path
 from labctl.experiment.spec import METRICS, Experiment
 
 SHOWN = ("time_s", "busbw", "ratio", "wrong", "gaps", "drops", "lossless_drops", "ecn_marked", "pfc_tx",
-         "max_depth", "uplink_imbalance", "wan_bytes", "tcp_goodput_bps", "victim_time_s")
+         "max_depth", "uplink_imbalance", "wan_bytes", "tcp_goodput_bps", "victim_time_s", "retransmits",
+         "wan_max_depth", "wan_drops", "zone_pfc_tx")
 
 
 def answer(doc: dict) -> str:

@@ -18,8 +18,9 @@ from labctl import lifecycle as labmod
 from labctl.lifecycle.capture import Capture, file_name
 from labctl.errors import InputError, LabError
 from labctl.paths import is_dir
-from labctl.experiment import plots
+from labctl.experiment import plots, wan
 from labctl.experiment.metrics import run_metrics
+from labctl.plan.model import LabPlan
 from labctl.experiment.spec import METRICS, Experiment, load_experiment
 from labctl.traffic.run import run_workload
 from labctl.traffic.workload import LoadedWorkload, load_workload
@@ -195,6 +196,10 @@ def draw(plan, runs: dict[str, Path], out: Path) -> dict[str, list[str]]:
                     ("throughput.png", lambda p: plots.throughput(run_dir, p)),
                     ("ecmp_balance.png", lambda p: plots.ecmp_balance(run_dir, plan, p)),
                     ("pauses_marks.png", lambda p: plots.pauses_and_marks(run_dir, p))]
+        if any(lk.wire for lk in plan.links):
+            # the run's own plan: a sweep over the WAN buffer builds each point's lab anew
+            drawings.append(("wan_queue.png", lambda p: wan.wan_queue_plot(run_dir, LabPlan.from_dict(
+                json.loads((run_dir / "plan.json").read_text())), p)))
         if doc["results"]:
             drawings += [("timeline.png", lambda p: plots.timeline(run_dir, p)),
                          ("sender_rates.png", lambda p: plots.sender_rates(run_dir, p))]

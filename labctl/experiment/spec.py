@@ -52,6 +52,9 @@ METRICS = {
     "tcp_goodput_bps": "TCP flows' bytes x 8 / their span, lab bit/s",
     "fsdp_bytes_ratio": "FSDP: bytes sent per rank / (3(n-1)/n x model) (1 = as FSDP predicts)",
     "victim_time_s": "lab seconds the workload's victim: transfer took, beside the collectives",
+    "wan_max_depth": "deepest queue at a DCI router's WAN egress (bytes)",
+    "wan_drops": "packets the DCI routers' WAN egress queues dropped during the run",
+    "zone_pfc_tx": "PFC frames sent inside the zones (every port not on the WAN) during the run",
 }
 Duration = Annotated[int, BeforeValidator(parse_duration_ns)]
 

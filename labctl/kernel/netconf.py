@@ -77,14 +77,16 @@ def add_shaping(batch: rtnl.Batch, node: Node, iface: Interface) -> None:
     default = next((c.tc for c in classes if not c.dscp), None)
     default_minor = qos.class_minor(default) if default is not None else 1
     batch.add(rtnl.htb_qdisc(iface.index, qos.HTB_ROOT, default_minor), f"{where}: htb root")
-    batch.add(rtnl.htb_class(iface.index, qos.HTB_LINK, qos.HTB_ROOT, s.rate_bps, s.burst_bytes, s.quantum),
+    batch.add(rtnl.htb_class(iface.index, qos.HTB_LINK, qos.HTB_ROOT, s.rate_bps, s.burst_bytes, s.quantum,
+                             overhead=s.overhead_bytes),
               f"{where}: htb class at {s.rate_bps} bit/s")
     if not classes:
         batch.add(rtnl.bfifo(iface.index, 0x100000, qos.HTB_LINK, s.buffer_bytes), f"{where}: bfifo leaf")
         return
     for c in classes:
         batch.add(rtnl.htb_class(iface.index, qos.class_handle(c.tc), qos.HTB_LINK, c.rate_bps, s.burst_bytes,
-                                 s.quantum, prio=c.prio, ceil_bps=s.rate_bps), f"{where}: class {c.name}")
+                                 s.quantum, prio=c.prio, ceil_bps=s.rate_bps, overhead=s.overhead_bytes),
+                  f"{where}: class {c.name}")
         if c.lossless:  # a TBF leaf, so that a PFC pause can stop this class alone (dataplane/pfcport.py)
             batch.add(rtnl.tbf(iface.index, qos.leaf_handle(c.tc), qos.class_handle(c.tc),
                                qos.lossless_tbf_rate(s.rate_bps), qos.lossless_tbf_burst(s.rate_bps, s.quantum),
@@ -159,10 +161,11 @@ def set_rate(node: Node, iface: Interface, rate_bps: int) -> None:
     burst = max(rate_bps // 8 // 1000, 2 * s.quantum)
     specs = [{"weight": max(1, c.rate_bps), "tc": c.tc} for c in s.classes]
     shares = qos.class_rates(specs, rate_bps) if specs else []
-    kind, _, body = rtnl.htb_class(iface.index, qos.HTB_LINK, qos.HTB_ROOT, rate_bps, burst, s.quantum)
+    kind, _, body = rtnl.htb_class(iface.index, qos.HTB_LINK, qos.HTB_ROOT, rate_bps, burst, s.quantum,
+                                   overhead=s.overhead_bytes)
     requests = [((kind, CHANGE, body), f"{node.name}:{iface.name}: link class")]
     for c, share in zip(s.classes, shares):
         kind, _, body = rtnl.htb_class(iface.index, qos.class_handle(c.tc), qos.HTB_LINK, share, burst,
-                                       s.quantum, prio=c.prio, ceil_bps=rate_bps)
+                                       s.quantum, prio=c.prio, ceil_bps=rate_bps, overhead=s.overhead_bytes)
         requests.append(((kind, CHANGE, body), f"{node.name}:{iface.name}: class {c.name}"))
     commit_in(node.namespace, requests)

@@ -157,14 +157,15 @@ def htb_qdisc(index: int, handle: int, default_class: int) -> tuple[int, int, by
 
 
 def htb_class(index: int, handle: int, parent: int, rate_bps: int, burst_bytes: int, quantum: int,
-              prio: int = 0, ceil_bps: int | None = None) -> tuple[int, int, bytes]:
-    """An HTB class (ceil defaults to rate). Ethernet link layer, so the kernel needs no rate table."""
+              prio: int = 0, ceil_bps: int | None = None, overhead: int = 0) -> tuple[int, int, bytes]:
+    """An HTB class (ceil defaults to rate). Ethernet link layer, so the kernel needs no rate table.
+    `overhead`: bytes the kernel adds to each packet's length when it charges the rate (tc_ratespec)."""
     rate_Bps = max(1, rate_bps // 8)
     ceil_Bps = max(1, (ceil_bps or rate_bps) // 8)
     ticks = int(burst_bytes * 1e9 / rate_Bps) >> 6  # psched ticks are 64 ns
     cticks = int(burst_bytes * 1e9 / ceil_Bps) >> 6
-    rate = struct.pack("BBHhHI", 0, TC_LINKLAYER_ETHERNET, 0, 0, 0, min(rate_Bps, 0xFFFFFFFF))
-    ceil = struct.pack("BBHhHI", 0, TC_LINKLAYER_ETHERNET, 0, 0, 0, min(ceil_Bps, 0xFFFFFFFF))
+    rate = struct.pack("BBHhHI", 0, TC_LINKLAYER_ETHERNET, overhead, 0, 0, min(rate_Bps, 0xFFFFFFFF))
+    ceil = struct.pack("BBHhHI", 0, TC_LINKLAYER_ETHERNET, overhead, 0, 0, min(ceil_Bps, 0xFFFFFFFF))
     opt = rate + ceil + struct.pack("IIIII", ticks, cticks, quantum, 0, prio)
     opts = attr(TCA_HTB_PARMS, opt)
     if rate_Bps > 0xFFFFFFFF or ceil_Bps > 0xFFFFFFFF:

@@ -19,7 +19,7 @@ from labctl.topology.fabrics import l2_segments, link_fabric, node_fabric
 from labctl.topology.load import Loaded
 
 FIBRE_NS_PER_KM = 4900       # light in fibre: ~4.9 us per km (docs/design.md §6)
-ESP_ROOM = 64                # outer IPv4 20 + ESP 8 + IV 8 + pad ≤ 3 + 2 + ICV 16, rounded up
+ESP_ROOM = 64                # ESP adds 54-57 bytes (qos.ESP_MAX_OVERHEAD), rounded up
 
 
 def link_ifindex(link: int, end: int) -> int:
@@ -216,6 +216,15 @@ def shaping(b: Build) -> None:
                 fabric.lossless and (t.qos.pfc or credit), feeders=degree[node.name] - 1, credit_based=credit,
                 lab_delay_ns=link.lab_delay_ns, pfc_quanta=t.qos.pfc_quanta, class_buffer=buffer,
                 response_s=response)
+            e = t.qos.ecn
+            kmin, kmax = qos.ecn_thresholds(e.kmin, e.kmax, link.rate_bps, e.rate)
+            for c in iface.shaping.classes:
+                if c.ecn:
+                    c.kmin_bytes, c.kmax_bytes = kmin, kmax
+            if link.encrypt:
+                # the port's rate is the fibre's: the encryptor in front of it adds ESP to every packet,
+                # so the router's queue (the WAN buffer) holds what the fibre cannot take yet
+                iface.shaping.overhead_bytes = qos.ESP_MAX_OVERHEAD
 
 
 def controlled_queues(b: Build) -> list[int]:
@@ -258,7 +267,7 @@ def compile_plan(loaded: Loaded, queue_reads: str = "poll") -> model.LabPlan:
     t = b.topo
     e = t.qos.ecn
     return model.LabPlan(t.name, t.description.strip(), t.dilation, loaded.template, b.fabrics,
-                         list(b.nodes.values()), b.links, model.EcnPlan(e.kmin, e.kmax, e.pmax),
+                         list(b.nodes.values()), b.links, model.EcnPlan(e.kmin, e.kmax, e.pmax, e.rate),
                          model.SharedBuffer(t.qos.shared_buffer, t.qos.shared_alpha) if t.qos.shared_buffer else None,
                          qos.pfc_response_s(controlled_queues(b), _measured_response(t), queue_reads == "arrivals"),
                          b.segments, queue_reads)

@@ -20,6 +20,8 @@ class ClassPlan:
     xoff_bytes: int = 0  # lossless: queue depth at which this port pauses its feeders
     xon_bytes: int = 0   # and at which it lets them go again
     pfc_quanta: int = 0xFFFF
+    kmin_bytes: int = 0  # ECN: where marking starts on this port (the lab's profile, scaled to the link's rate)
+    kmax_bytes: int = 0  # and where it reaches Pmax; 0 (a plan from before thresholds were per port): the profile's
 
 
 @dataclass
@@ -30,6 +32,7 @@ class Shaping:
     quantum: int
     buffer_bytes: int
     classes: list[ClassPlan] = field(default_factory=list)
+    overhead_bytes: int = 0   # added to every packet's size by the shaper: ESP's, on an encrypted link
 
 
 @dataclass
@@ -161,6 +164,7 @@ class EcnPlan:
     kmin: int
     kmax: int
     pmax: float
+    rate_bps: int | None = None   # the link rate kmin/kmax are for: each port's scale with its rate (ClassPlan)
 
 
 @dataclass

@@ -34,6 +34,24 @@ def priority_value(tc: int) -> int:
     return class_handle(tc)
 
 
+# ESP in tunnel mode with AES-GCM (RFC 4303, RFC 4106; wan/esp.py) adds to each inner IPv4 packet:
+# outer IPv4 20 + SPI/seq 8 + IV 8 + pad 0-3 (to a 4-byte boundary) + pad length 1 + next header 1
+# + ICV 16 = 54 to 57 bytes. An encrypted port's shaper charges the most, so that its queue, not the
+# line's, holds what the fibre cannot take yet.
+ESP_MIN_OVERHEAD = 20 + 8 + 8 + 2 + 16
+ESP_MAX_OVERHEAD = ESP_MIN_OVERHEAD + 3
+
+
+def esp_padding(inner_len: int) -> int:
+    """Pad bytes that bring inner packet + pad length + next header to a multiple of 4."""
+    return (-(inner_len + 2)) % 4
+
+
+def esp_overhead(inner_len: int) -> int:
+    """Bytes ESP adds on the wire to an inner IPv4 packet of `inner_len` bytes."""
+    return ESP_MIN_OVERHEAD + esp_padding(inner_len)
+
+
 def lossless_tbf_rate(link_bps: int) -> int:
     """A lossless class's TBF leaf runs far above the link (HTB shapes) until a PFC pause sets it to 8 bit/s."""
     return 10 * link_bps
@@ -115,6 +133,21 @@ def bdp_bytes(rate_bps: int, one_way_ns: int) -> int:
     """Bandwidth x round trip: the buffer a single window-limited flow needs to keep the link full
     (the same in the lab: rates / D and times x D)."""
     return int(rate_bps / 8 * 2 * one_way_ns / 1e9)
+
+
+def ecn_thresholds(kmin: int, kmax: int, link_bps: int, reference_bps: int | None) -> tuple[int, int]:
+    """A port's (Kmin, Kmax): the profile's, scaled by its link's real rate over the rate the profile
+    is given for (DCQCN's deployments scale them so: a queue of Kmin drains in the same time at any
+    rate). Without a reference rate, the same bytes at every rate."""
+    if not reference_bps:
+        return kmin, kmax
+    return max(1, round(kmin * link_bps / reference_bps)), max(2, round(kmax * link_bps / reference_bps))
+
+
+def bdp_distance_m(buffer_bytes: int, rate_bps: int, ns_per_km: int = 4900) -> float:
+    """The fibre length at which the bandwidth-delay product equals `buffer_bytes`: the buffer holds
+    one round trip of the link, half of it each way."""
+    return buffer_bytes * 8 / rate_bps / 2 / (ns_per_km * 1e-9) * 1000
 
 
 def shaping_for(lab_rate_bps: int, mtu: int, buffer_bytes: int, classes=(), lossless_fabric: bool = False,

@@ -17,7 +17,8 @@ from labctl.telemetry import nftcounters, qdepth
 
 def plan_settings(plan: LabPlan, node: Node, iface, cls) -> SimpleNamespace:
     e = plan.ecn
-    return SimpleNamespace(ecn=cls.ecn and node.switching, pfc=cls.lossless, kmin=e.kmin, kmax=e.kmax, pmax=e.pmax,
+    return SimpleNamespace(ecn=cls.ecn and node.switching, pfc=cls.lossless, kmin=cls.kmin_bytes or e.kmin,
+                           kmax=cls.kmax_bytes or e.kmax, pmax=e.pmax,
                            xoff=cls.xoff_bytes, xon=cls.xon_bytes)
 
 

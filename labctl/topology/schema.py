@@ -59,6 +59,9 @@ class EcnProfile(Strict):
     kmin: Size = Field(400_000, description="queue depth where marking starts, e.g. 400KB")
     kmax: Size = Field(1_600_000, description="queue depth where the probability reaches pmax, e.g. 1600KB")
     pmax: float = Field(0.2, gt=0, le=1, description="marking probability at kmax (1 above it)")
+    rate: Rate | None = Field(None, description="the link rate kmin and kmax are given for, e.g. 100G: each "
+                                                "port's thresholds then scale with its link's rate (a 400G "
+                                                "port marks from 4 x kmin). Unset: the same bytes at every rate")
 
 
 def default_classes() -> list[TrafficClass]:

@@ -65,7 +65,7 @@ class Agent:
                     src = names[raw_src] = socket.inet_ntoa(raw_src)
                 packet(rx.payload(i), src, rx.tos(i))
 
-    def _wait(self, pred, deadline: float, quiet: float, since: float) -> bool:
+    def _wait(self, pred, deadline: float, quiet: float, since: float, rto: float = 0.05) -> bool:
         """Wait (holding the receiver's lock) until `pred()`; give up at `deadline`, or once nothing
         has arrived for `quiet` seconds since `since` or the latest arrival: a collective that still
         moves is never cut off for being slow (an emulated CPU runs the agents 5-10x slower),
@@ -76,6 +76,18 @@ class Agent:
             end = min(deadline, max(since, self.last_arrival) + quiet)
             if now >= end:
                 return False
+            if self.sender.reliable:
+                # go-back-N goes on while we wait: both ends of a lost message may be waiting on
+                # each other's. The resend runs without the receiver's lock, which its thread needs.
+                cond.release()
+                try:
+                    pending = self.sender.service(rto)
+                finally:
+                    cond.acquire()
+                if pred():
+                    break
+                cond.wait(min(end - now, 0.005 if pending else 0.5))
+                continue
             cond.wait(min(end - now, 0.5))
         return True
 
@@ -92,7 +104,8 @@ class Agent:
         progress = start
         for t in op["sends"]:
             with cond:
-                ok = self._wait(lambda: all(d in arrived for d in t["after"]), deadline, quiet, progress)
+                ok = self._wait(lambda: all(d in arrived for d in t["after"]), deadline, quiet, progress,
+                                op.get("rto", 0.05))
             if not ok:
                 timed_out = True
                 break
@@ -104,7 +117,7 @@ class Agent:
             timed_out = True
         expect = op["recvs"]
         with cond:
-            ok = self._wait(lambda: all(i in arrived for i in expect), deadline, quiet, progress)
+            ok = self._wait(lambda: all(i in arrived for i in expect), deadline, quiet, progress, op.get("rto", 0.05))
             timed_out = timed_out or not ok
             # a message whose last packet overtook another is complete once the late one lands
             cond.wait_for(lambda: self.receiver.settled(expect),

@@ -235,19 +235,25 @@ class Sender:
         if not self.reliable:
             return True
         while time.monotonic() < deadline:
-            pending = [q for q in self.qps.values() if q.unacked]
-            if not pending:
+            if not self.service(rto):
                 return True
-            for q in pending:
-                if q.resend_from is None and time.monotonic() - q.last_progress > rto:
-                    with self.lock:
-                        if q.unacked:
-                            q.resend_from = q.unacked[0].first  # the tail was lost: no NAK can come
-                            q.timeouts += 1
-                if q.resend_from is not None:
-                    self.go_back(q)
             time.sleep(0.001)
         return False
+
+    def service(self, rto: float) -> bool:
+        """Reliable mode, one pass: resend after a NAK or once `rto` passed without progress. Also
+        called while the agent waits for a message it depends on: its peer may be waiting for one
+        of ours that was lost, and only we can resend it. True while messages are unacknowledged."""
+        pending = [q for q in self.qps.values() if q.unacked] if self.reliable else []
+        for q in pending:
+            if q.resend_from is None and time.monotonic() - q.last_progress > rto:
+                with self.lock:
+                    if q.unacked:
+                        q.resend_from = q.unacked[0].first  # the tail was lost: no NAK can come
+                        q.timeouts += 1
+            if q.resend_from is not None:
+                self.go_back(q)
+        return bool(pending)
 
 
 def send(sock: socket.socket, buf, cmsg: list, dest) -> None:

@@ -17,9 +17,14 @@ from dataclasses import dataclass, field
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from labctl.plan import qos
+
 ETH_P_IP = 0x0800
 IPPROTO_ESP, IPPROTO_IPIP = 50, 4
 ICV = 16
+# what ESP adds on the wire (54-57 bytes): plan/qos.py, where the routers' shapers charge it too
+MIN_OVERHEAD, MAX_OVERHEAD = qos.ESP_MIN_OVERHEAD, qos.ESP_MAX_OVERHEAD
+padding, overhead = qos.esp_padding, qos.esp_overhead
 ECN_CE = 3
 WIRESHARK_ALGO = "AES-GCM with 16 octet ICV [RFC4106]"
 
@@ -69,7 +74,7 @@ def encapsulate(sa: Sa, frame: bytes) -> bytes | None:
     inner = frame[14:]
     sa.seq = (sa.seq + 1) & 0xFFFFFFFF
     iv = struct.pack("!Q", sa.seq)
-    pad = (-(len(inner) + 2)) % 4
+    pad = padding(len(inner))
     plaintext = inner + bytes(range(1, pad + 1)) + bytes((pad, IPPROTO_IPIP))
     head = struct.pack("!II", sa.spi, sa.seq)
     esp = head + iv + sa.aead.encrypt(sa.salt + iv, plaintext, head)

@@ -3,8 +3,9 @@
 For each direction of each link it reads the frames the sending router puts on the line, loses
 some at random (`loss`), encrypts them (ESP, when the link says `encrypt`), holds them for the
 link's one-way delay plus up to `jitter` (never reordering: a frame leaves no earlier than the one
-before it), and puts them on the fibre; the far end decrypts and hands them to the receiving
-router. The buffer of the WAN is the routers' egress queue (deep, BDP-sized by default); the line
+before it), and puts them on the fibre no faster than the link's rate, counted on the frame as it
+leaves (ESP's 54-57 bytes included; an encrypted port's shaper charges them too, plan/qos.py); the
+far end decrypts and hands them to the receiving router. The buffer of the WAN is the routers' egress queue (deep, BDP-sized by default); the line
 itself only bounds what is in flight (2 x BDP + 4 MB + one second of the link) and counts what it
 drops.
 
@@ -77,13 +78,14 @@ class Paced:
     waiting frames leave at line rate, not as one burst: the far router's lossless headroom is sized
     for feeders at line rate, and a burst overran it."""
     rate_bps: int
-    frames: deque = field(default_factory=deque)   # (due, frame, size the link's shaper counted)
+    frames: deque = field(default_factory=deque)   # (due, frame, bytes on the wire)
     free: float = 0.0                              # when the link can take the next frame
     late_us: int = 0                               # the worst lateness, once over 1 ms
     retry_at: float = 0.0                          # the kernel was busy: not before this
     retries: int = 0
 
     def push(self, due: float, frame: bytes, size: int) -> None:
+        """`size`: the bytes the link's rate is spent on (on the fibre: the frame as sealed)."""
         self.frames.append((due, frame, size))
 
     def release(self, now: float, send) -> int:
@@ -159,7 +161,6 @@ class Direction:
             if self.held_bytes + len(frame) > self.limit:
                 self.c["overflow"] += 1
                 continue
-            size = len(frame)             # what the router's shaper counted, before ESP
             if self.seal is not None:
                 sealed = esp.encapsulate(self.seal, frame)
                 if sealed is None:
@@ -168,7 +169,7 @@ class Direction:
                 frame = sealed
             due = arrived + self.delay + (self.rng.random() * self.jitter if self.jitter else 0.0)
             self.last_release = due = max(due, self.last_release)
-            self.fibre.push(due, frame, size)
+            self.fibre.push(due, frame, len(frame))   # the fibre carries the sealed frame, ESP and all
             self.held_bytes += len(frame)
 
     def release(self, now: float) -> None:

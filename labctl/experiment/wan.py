@@ -1,0 +1,49 @@
+"""What a run did at the DCI routers' WAN ports: their queue's depth over time (a plot), its peak
+and drops, and the PFC pauses inside the zones (every other port), from the run's queues.csv."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from labctl.experiment import plots
+from labctl.plan.model import LabPlan
+
+
+def wan_ports(plan: LabPlan) -> set[tuple[str, str]]:
+    """(node, port) of every port whose link is carried by the WAN line."""
+    wired = {lk.id for lk in plan.links if lk.wire is not None}
+    return {(n.name, i.name) for n in plan.nodes for i in n.interfaces if i.link in wired}
+
+
+def wan_metrics(plan: LabPlan, deltas: dict) -> dict[str, float]:
+    """From queue_deltas: the deepest WAN egress queue (any class), the WAN queues' drops, and the
+    PFC frames sent by the ports that are not on the WAN (the zones' own fabrics)."""
+    ports = wan_ports(plan)
+    on_wan = {k: d for k, d in deltas.items() if (k[0], k[1]) in ports}
+    return {
+        "wan_max_depth": max([d["max_depth"] for d in on_wan.values()] or [0]),
+        "wan_drops": sum(d["drops"] for d in on_wan.values()),
+        "zone_pfc_tx": sum(d["pfc_tx"] for k, d in deltas.items() if k not in on_wan),
+    }
+
+
+def wan_queue_plot(run_dir: Path, plan: LabPlan, path: Path) -> plots.Series:
+    """Depth over time of each busy WAN egress queue, with its buffer (where it drops) and Kmin."""
+    rows = plots._rows(run_dir)
+    ports = wan_ports(plan)
+    series: plots.Series = {}
+    fig, ax = plots.plt.subplots(figsize=(9, 4.5))
+    buffers = set()
+    for key, rs in sorted(rows.items()):
+        if (key[0], key[1]) not in ports or max(int(r["depth_bytes"]) for r in rs) == 0:
+            continue
+        t = [float(r["t_s"]) for r in rs]
+        y = [int(r["depth_bytes"]) / 1e6 for r in rs]
+        label = f"{key[0]}→{key[1]} {key[2]}"
+        series[label] = (t, y)
+        ax.step(t, y, where="post", label=label)
+        iface = plan.node(key[0]).iface(key[1])
+        buffers |= {c.buffer_bytes for c in iface.shaping.classes if c.name == key[2]}
+    for b in sorted(buffers):
+        ax.axhline(b / 1e6, color="tab:red", ls=":", lw=1, label=f"buffer {b / 1e6:.1f} MB")
+    plots._save(fig, ax, "DCI queue toward the WAN", "lab time (s)", "depth (MB)", path)
+    return series
