@@ -105,3 +105,29 @@ def test_up_makes_a_missing_labctl_image_and_no_build_refuses_naming_the_command
     finally:
         docker_engine.images.get(keyed).tag("labctl/host", "latest")
     assert lab_namespaces(lab_name + "-") == []
+
+
+def test_a_container_node_gets_the_least_it_needs(docker_engine, state_dir, lab_name):
+    """NET_ADMIN and Docker's defaults, not SYS_ADMIN; Docker's seccomp filter; its own netns's
+    sysctls writable, the host's (kernel.*) read-only."""
+    from labctl.containers.nodes import CAPABILITIES
+    plan, lab, _ = labmod.up(str(CLAB / "hosts.clab.yml"), name=lab_name)
+    try:
+        node = next(n for n in plan.nodes if n.container)
+
+        def inside(script: str) -> subprocess.CompletedProcess:
+            return subprocess.run(labmod.backend_of(lab).exec_argv(node, ["sh", "-c", script]), capture_output=True,
+                                  text=True, timeout=30)
+        status = dict(line.split(":", 1) for line in inside("cat /proc/self/status").stdout.splitlines() if ":" in line)
+        eff = int(status["CapEff"].strip(), 16)
+        held = {name for bit, name in enumerate(CAPABILITIES) if eff >> bit & 1}
+        assert "NET_ADMIN" in held and "NET_RAW" in held, held
+        assert not held & {"SYS_ADMIN", "SYS_MODULE", "SYS_PTRACE", "SYS_RAWIO", "DAC_READ_SEARCH"}, held
+        init = dict(x.split(":", 1) for x in inside("cat /proc/1/status").stdout.splitlines() if ":" in x)
+        assert init["Seccomp"].strip() == "2", "the container runs under Docker's default seccomp filter"
+        assert inside("echo 1 > /proc/sys/net/ipv4/ip_forward").returncode == 0, "the node's own netns is its own"
+        assert inside("cat /proc/sys/net/ipv4/ip_forward").stdout.strip() == "1"
+        assert inside("echo core > /proc/sys/kernel/core_pattern").returncode != 0, "the host's sysctls are not"
+    finally:
+        labmod.down(lab_name)
+    assert lab_namespaces(lab_name + "-") == []

@@ -1,10 +1,12 @@
 """Lab nodes in Docker containers, cabled by labctl like any namespace.
 
-A container node starts with `network_mode: none` (only its loopback), with what containerlab's
-`privileged` gives its linux nodes (routing daemons set sysctls and socket options): every
-capability this process holds, /proc/sys writable, no seccomp or AppArmor profile. Docker's own
-`privileged` asks for every capability it knows, and runc then fails on a machine whose root
-lacks one (CAP_SYS_RESOURCE here), so the set is read from this process's bounding set. It is
+A container node starts with `network_mode: none` (only its loopback) and the least a router or
+host needs: Docker's default capabilities plus NET_ADMIN (routing daemons configure their own
+netns: addresses, routes, socket buffers; an FRR image also SYS_ADMIN, without which zebra
+exits), Docker's default seccomp and AppArmor profiles, and of
+/proc/sys only the network namespace's own part writable (net.*: ip_forward and the like belong
+to the node; kernel.*, vm.*, fs.* belong to the host and stay read-only). A capability this
+process does not hold is never asked for (runc refuses one missing from the bounding set). It is
 labelled with its lab and node. Its network namespace is then exposed as the named netns `<lab>-<node>` (a bind mount of
 /proc/PID/ns/net, what `ip netns attach` makes, done by the backend), so the backend creates its veths in it, and the
 controller, agents, captures and `ip netns exec` find it where they find every node.
@@ -14,6 +16,7 @@ journal lists it and its labels say it belongs to this lab.
 """
 from __future__ import annotations
 
+import os
 import shutil
 
 from labctl.containers import engine
@@ -23,7 +26,17 @@ from labctl.state import LabDir
 
 LAB_LABEL = "labctl.lab"
 NODE_LABEL = "labctl.node"
-PRIVILEGED_OPTS = ["seccomp=unconfined", "apparmor=unconfined"]
+# Docker's default set, and NET_ADMIN: what FRR and a Linux host's tools need in their own netns
+NODE_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID", "SETPCAP",
+                     "NET_BIND_SERVICE", "NET_RAW", "SYS_CHROOT", "MKNOD", "AUDIT_WRITE", "SETFCAP", "NET_ADMIN")
+# Docker's read-only /proc paths, with /proc/sys narrowed to what is not the node's own netns
+FRR_EXTRA = ("SYS_ADMIN",)
+SETPRIV = ("/usr/bin/setpriv", "/bin/setpriv")       # util-linux, in every Debian image (labctl's too)
+ENV = "/usr/bin/env"                 # never the first `env` on PATH: labctl runs as root
+SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+READONLY_PATHS = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sysrq-trigger", "/proc/sys/kernel", "/proc/sys/vm",
+                  "/proc/sys/fs", "/proc/sys/dev", "/proc/sys/user", "/proc/sys/debug", "/proc/sys/abi",
+                  "/proc/sys/crypto"]
 # capability(7) numbers 0..37, in order; PERFMON, BPF and CHECKPOINT_RESTORE (38..40) are left
 # out: Docker 20.10 refuses names it does not know
 CAPABILITIES = (
@@ -47,9 +60,9 @@ def start(client, node: Node, lab: LabDir) -> int:
     binds = c.binds + _written_files(lab, node)
     lab.journal("container", c.name)
     api = client.api
-    host = api.create_host_config(network_mode="none", cap_add=capabilities(), security_opt=PRIVILEGED_OPTS,
+    host = api.create_host_config(network_mode="none", cap_drop=["ALL"], cap_add=node_capabilities(c.image),
                                   binds=binds or None)
-    host["MaskedPaths"], host["ReadonlyPaths"] = [], []     # /proc/sys writable: `--security-opt systempaths=unconfined`
+    host["ReadonlyPaths"] = READONLY_PATHS
     try:
         made = api.create_container(c.image, command=c.cmd, name=c.name, hostname=node.name, environment=c.env,
                                     labels={LAB_LABEL: lab.name, NODE_LABEL: node.name}, host_config=host)
@@ -93,15 +106,35 @@ def capabilities() -> list[str]:
 
 def enter_argv(client, name: str, argv: list[str]) -> list[str]:
     """A command line that runs `argv` in the container as `docker exec` would (its mount, UTS, IPC,
-    net and PID namespaces, its root and working directory, and its environment: the image's ENV
-    and the node's env:, so PATH is the container's), with nsenter: 3 ms where the engine takes 50,
-    and an exported leaf-spine runs hundreds of exec lines."""
+    net and PID namespaces, its root and working directory, its environment: the image's ENV and
+    the node's env:, so PATH is the container's, and no capability the container lacks), with
+    nsenter and the image's own setpriv: 3 ms where the engine takes 50, and an exported leaf-spine
+    runs hundreds of exec lines. nsenter needs the host's capabilities to enter, so setpriv drops
+    them to the container's set before the command runs; an image without setpriv goes through
+    `docker exec` instead."""
     ctr = _container(client, name)
     pid = ctr.attrs["State"]["Pid"] if ctr else None
     if not pid:
         raise LabError(f"container {name} is not running", "`labctl status` shows the lab; `labctl down` and up again")
-    return ["env", "-i", *container_env(ctr.attrs), shutil.which("nsenter") or "/usr/bin/nsenter",
-            "-t", str(pid), "-m", "-u", "-i", "-n", "-p", "-r", "-w", "--", *argv]
+    if not any(os.path.exists(f"/proc/{pid}/root{p}") for p in SETPRIV):
+        return [shutil.which("docker") or "/usr/bin/docker", "-H", f"unix://{engine.SOCKET}", "exec", name, *argv]
+    caps = ",".join(["-all", *(f"+{c.lower()}" for c in node_capabilities(ctr.attrs["Config"]["Image"]))])
+    return [ENV, "-i", *container_env(ctr.attrs), shutil.which("nsenter", path=SYSTEM_PATH) or "/usr/bin/nsenter",
+            "-t", str(pid), "-m", "-u", "-i", "-n", "-p", "-r", "-w", "--",
+            "setpriv", "--bounding-set", caps, "--inh-caps", "-all", "--", *argv]
+
+
+def node_capabilities(image: str) -> list[str]:
+    """What a container node holds: NODE_CAPABILITIES (and SYS_ADMIN for FRR, whose zebra will not
+    start without it: it asks for net_admin, net_raw and sys_admin), less any this process lacks."""
+    held = set(capabilities())
+    wanted = NODE_CAPABILITIES + (FRR_EXTRA if _is_frr(image) else ())
+    return [c for c in wanted if c in held]
+
+
+def _is_frr(image: str) -> bool:
+    """labctl/frr, frrouting/frr:10.5.1, registry:5000/frr: the last path element, tag and digest off."""
+    return image.split("@")[0].rsplit("/", 1)[-1].split(":")[0] == "frr"
 
 
 def container_env(attrs: dict) -> list[str]:
@@ -127,7 +160,6 @@ def remove(lab: LabDir) -> list[str]:
     if not names:
         return []
     if not engine.answering():
-        import shutil
         if shutil.which("dockerd") is None:
             return []
         # the engine died (a reboot): its stopped containers are still in its store, so start it
