@@ -100,7 +100,8 @@ class Prompt(cmd.Cmd):
     def _labctl(self, argv: list[str]) -> None:
         """A labctl command on this lab, as its own process (its output is the command's)."""
         width = str(shutil.get_terminal_size().columns)      # its tables as wide as this terminal
-        r = subprocess.run([sys.executable, "-m", "labctl", *argv], capture_output=True, text=True,
+        # -P: never import a labctl/ folder of the directory the user stands in (this runs as root)
+        r = subprocess.run([sys.executable, "-P", "-m", "labctl", *argv], capture_output=True, text=True,
                            env={**os.environ, "COLUMNS": width})
         self.stdout.write(r.stdout + r.stderr)
         self.failed = self.failed or r.returncode != 0
