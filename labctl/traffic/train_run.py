@@ -2,7 +2,8 @@
 
 Per step the run reports the bytes of each parallel dimension (`dim_bytes`), the bytes each
 fabric should carry (`fabric_bytes_expected`, payload and on the wire), the step time against
-its bound, the duty cycle (the share of the step during which some transfer was in flight) and,
+its bound, the duty cycle (per GPU, the share of the step during which one of its transfers was in
+flight, averaged over the GPUs; and the share during which any transfer was) and,
 of the time the WAN was busy, the share that some rank spent computing: WAN time hidden behind
 compute.
 """
@@ -82,6 +83,7 @@ def timeline(plan: LabPlan, s: sch.Schedule, result: dict) -> dict:
             arrive[x[0]] = x[1]
     flight: dict[str, list] = {f: [] for f in fabrics.FABRICS}
     compute, allflight = [], []
+    per_rank: dict[int, list] = {}
     fabric_of: dict[tuple[int, int], str] = {}
     for i, t0 in start.items():
         t = by_id[i]
@@ -93,7 +95,9 @@ def timeline(plan: LabPlan, s: sch.Schedule, result: dict) -> dict:
                 fabric_of[key] = fabrics.pair_fabric(plan, nodes[t.src], nodes[t.dst])
             flight[fabric_of[key]].append((t0, arrive[i]))
             allflight.append((t0, arrive[i]))
+            per_rank.setdefault(t.src, []).append((t0, arrive[i]))
     return {"flight": _union(allflight), "compute": _union(compute),
+            "rank_busy": {r: _length(_union(v)) for r, v in per_rank.items()},
             "fabrics": {f: _union(v) for f, v in flight.items()}}
 
 
@@ -114,7 +118,9 @@ def summary(plan: LabPlan, cfg: TrainStep, s: sch.Schedule, result: dict, comput
         "fabric_wire_bytes_expected": fabrics.expected(plan, nodes, s.transfers, wire=True),
         "step_time_s": step, "compute_path_s": compute_path, "ideal_s": result["ideal_s"],
         "bubble_fraction": bubble(cfg),
-        "duty_cycle": _length(tl["flight"]) / step if step > 0 else 0.0,
+        # what one GPU's port sees: the share of the step its own transfers were in flight
+        "duty_cycle": sum(tl["rank_busy"].values()) / len(s.ranks) / step if step > 0 else 0.0,
+        "network_busy_fraction": _length(tl["flight"]) / step if step > 0 else 0.0,
         "fabric_busy_s": {f: _length(v) for f, v in tl["fabrics"].items()},
         "wan_busy_s": wan_busy,
         "wan_hidden_fraction": _overlap(wan, tl["compute"]) / wan_busy if wan_busy else None,
