@@ -52,6 +52,17 @@ METRICS = {
     "tcp_goodput_bps": "TCP flows' bytes x 8 / their span, lab bit/s",
     "fsdp_bytes_ratio": "FSDP: bytes sent per rank / (3(n-1)/n x model) (1 = as FSDP predicts)",
     "victim_time_s": "lab seconds the workload's victim: transfer took, beside the collectives",
+    "wan_port_bytes": "bytes the WAN links' ports sent during the run (both ends, port counters)",
+    "wan_expected_bytes": "train: the bytes the step's schedule puts on the WAN, on the wire",
+    "duty_cycle": "train: per GPU, the share of the step its transfers were in flight (mean)",
+    "wan_hidden_fraction": "train: the share of the WAN's busy time during which some GPU computed",
+    "model_step_s": "train: the alpha-beta model's step time for this lab (labctl/estimate/train.py)",
+    "model_flip_km": "train: WAN km at which the model has this placement and the one with its outer two "
+                     "dimensions swapped tie (-1: no flip below 20000 km)",
+    "model_swapped_step_s": "train: the model's step time with the outer two dimensions swapped",
+    "ep_hot_ratio": "train: the hottest expert-parallel receiver's bytes / the mean",
+    "ep_hot_expected": "train: that ratio as the routing skew gives it",
+    "ep_busy_s": "train: lab seconds during which expert-parallel all-to-all traffic was in flight",
 }
 Duration = Annotated[int, BeforeValidator(parse_duration_ns)]
 

@@ -116,11 +116,11 @@ class StepBuilder:
         for g in groups:
             n = len(g)
             for i, src in enumerate(g):
-                for d in range(1, n):
-                    j = (i + d) % n
-                    nbytes = int(per_dst[i] if reverse else per_dst[j])
-                    ts += [Transfer(next(self.ids), src, g[j], s, (), dim, 0)
-                           for s in sch.slices(nbytes, self.slice)]
+                # NCCL posts a rank's sends to every peer at once: slices go to the peers in turn
+                per_peer = [[(g[(i + d) % n], s) for s in sch.slices(
+                    int(per_dst[i] if reverse else per_dst[(i + d) % n]), self.slice)] for d in range(1, n)]
+                for k in range(max((len(p) for p in per_peer), default=0)):
+                    ts += [Transfer(next(self.ids), src, p[k][0], p[k][1], (), dim, 0) for p in per_peer if k < len(p)]
         self.add(ts, dim)
 
 

@@ -70,6 +70,21 @@ def _overlap(xs, ys) -> float:
     return total
 
 
+def _flights(s: sch.Schedule, result: dict, phase: str) -> list[tuple[int, float, float]]:
+    """(id, send start, arrival) of the transfers of one dimension."""
+    ids = {t.id for t in s.transfers if t.phase == phase}
+    start, out = {}, []
+    for rep in result["per_rank"].values():
+        for x in rep["sends"]:
+            if x[0] in ids:
+                start[x[0]] = x[1]
+    for rep in result["per_rank"].values():
+        for x in rep["recvs"]:
+            if x[0] in start:
+                out.append((x[0], start[x[0]], x[1]))
+    return out
+
+
 def timeline(plan: LabPlan, s: sch.Schedule, result: dict) -> dict:
     """Busy intervals from the agents' reports: transfers in flight (send start to arrival), per
     fabric, and compute (the `delay` before each send)."""
@@ -84,6 +99,7 @@ def timeline(plan: LabPlan, s: sch.Schedule, result: dict) -> dict:
     flight: dict[str, list] = {f: [] for f in fabrics.FABRICS}
     compute, allflight = [], []
     per_rank: dict[int, list] = {}
+    flight_bytes: list[tuple[str, float, float, int]] = []
     fabric_of: dict[tuple[int, int], str] = {}
     for i, t0 in start.items():
         t = by_id[i]
@@ -94,16 +110,59 @@ def timeline(plan: LabPlan, s: sch.Schedule, result: dict) -> dict:
             if key not in fabric_of:
                 fabric_of[key] = fabrics.pair_fabric(plan, nodes[t.src], nodes[t.dst])
             flight[fabric_of[key]].append((t0, arrive[i]))
+            flight_bytes.append((fabric_of[key], t0, arrive[i], t.nbytes))
             allflight.append((t0, arrive[i]))
             per_rank.setdefault(t.src, []).append((t0, arrive[i]))
-    return {"flight": _union(allflight), "compute": _union(compute),
+    return {"flight": _union(allflight), "compute": _union(compute), "load": _binned(flight_bytes, compute, result),
             "rank_busy": {r: _length(_union(v)) for r, v in per_rank.items()},
             "fabrics": {f: _union(v) for f, v in flight.items()}}
+
+
+def expert_receivers(cfg: TrainStep, s: sch.Schedule, result: dict) -> dict:
+    """The expert-parallel bytes each rank received (arrived), the hottest over the mean, and what the
+    routing skew says that ratio is."""
+    if not cfg.model.moe or cfg.degrees.ep < 2:
+        return {}
+    by_id = {t.id: t for t in s.transfers if t.phase == "ep"}
+    got: dict[int, int] = {}
+    for rank, rep in result["per_rank"].items():
+        got[int(rank)] = sum(by_id[x[0]].nbytes for x in rep["recvs"] if x[0] in by_id)
+    planned: dict[int, int] = {}
+    for t in by_id.values():
+        planned[t.dst] = planned.get(t.dst, 0) + t.nbytes
+    mean = sum(got.values()) / len(got)
+    return {"ep_recv_bytes": got, "ep_hot_ratio": max(got.values()) / mean if mean else 0.0,
+            "ep_hot_ratio_expected": max(planned.values()) / (sum(planned.values()) / len(got))}
+
+
+BINS = 100
+
+
+def _binned(flights, compute, result) -> dict:
+    """Each fabric's bytes/s over the step in BINS bins (a transfer's bytes spread over its flight),
+    and how many GPUs were computing, on average, in each bin."""
+    step = result["time_s"] or 1.0
+    width = step / BINS
+    out = {f: [0.0] * BINS for f in fabrics.FABRICS}
+    busy = [0.0] * BINS
+
+    def spread(a, b, weight, row):
+        a, b = max(0.0, a), min(step, max(b, a + 1e-9))
+        for k in range(int(a / width), min(BINS, int(b / width) + 1)):
+            lo, hi = max(a, k * width), min(b, (k + 1) * width)
+            if hi > lo:
+                row[k] += weight * (hi - lo) / (b - a)
+    for fabric, a, b, nbytes in flights:
+        spread(a, b, nbytes / width, out[fabric])
+    for a, b in compute:
+        spread(a, b, (b - a) / width, busy)
+    return {"bin_s": width, "Bps": out, "computing": busy}
 
 
 def summary(plan: LabPlan, cfg: TrainStep, s: sch.Schedule, result: dict, compute_path: float) -> dict:
     nodes = gpu_ranks(plan)
     tl = timeline(plan, s, result)
+    ep_flight = _union([(x[1], x[2]) for x in _flights(s, result, "ep")])
     step = result["time_s"]
     wan = tl["fabrics"]["scaleacross"]
     wan_busy = _length(wan)
@@ -124,5 +183,8 @@ def summary(plan: LabPlan, cfg: TrainStep, s: sch.Schedule, result: dict, comput
         "fabric_busy_s": {f: _length(v) for f, v in tl["fabrics"].items()},
         "wan_busy_s": wan_busy,
         "wan_hidden_fraction": _overlap(wan, tl["compute"]) / wan_busy if wan_busy else None,
+        "ep_busy_s": _length(ep_flight),
+        **expert_receivers(cfg, s, result),
+        "load": tl["load"],
         "bursts": {"flight": tl["flight"][:2000], "compute": tl["compute"][:2000]},
     }
