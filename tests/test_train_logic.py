@@ -160,3 +160,46 @@ def test_bad_train_workload_gives_located_error(path):
         load_workload(path)
     assert text in str(info.value) and str(path) in str(info.value)
     assert info.value.where.line == line, str(info.value)
+
+
+@pytest.mark.parametrize("model,degrees,placement", [
+    ("llama-7b", (2, 2, 4, 1), ("tp", "pp", "dp")), ("llama-7b", (2, 2, 4, 1), ("tp", "dp", "pp")),
+    ("mixtral-8x7b", (2, 1, 8, 2), ("tp", "pp", "dp"))])
+def test_the_estimate_gives_the_labs_bytes_per_fabric_and_dimension(model, degrees, placement):
+    """Where both run, `labctl estimate`'s walk over the groups and the lab's schedule agree (0.1%)."""
+    from labctl.estimate import train as et
+    plan = compile_plan(load_topology(ROOT / "topologies/ai-cluster.yml", ["zones=2"]))
+    nodes = gpu_ranks(plan)
+    tp, pp, dp, ep = degrees
+    cfg = step(model, tp=tp, pp=pp, dp=dp, ep=ep, placement=placement, layers=2 if ep > 1 else 4, dp_shard=2,
+               skew="zipf:1" if ep > 1 else "uniform")
+    s, _ = train_run.step_schedule(cfg, list(nodes), sch.DEFAULT_SLICE)
+    dims, fab = et.step_bytes(cfg, et.lab_cluster(plan, list(nodes)))
+    lab_fab = fabrics.expected(plan, nodes, s.transfers)
+    for f in fabrics.FABRICS:
+        assert fab[f] == pytest.approx(lab_fab[f], rel=1e-3, abs=64), f
+    for d, v in train_run.dim_bytes(s).items():
+        assert dims[d] == pytest.approx(v, rel=1e-3, abs=64), d
+
+
+def test_the_model_puts_the_step_on_its_compute_path_when_the_network_is_free():
+    from labctl.estimate import train as et
+    cfg = step(tp=2, pp=4, dp=2, micro_batches=8)
+    free = et.Cluster(16, 8, 16, dict.fromkeys(("scaleup", "scaleout", "scaleacross"), 1e18),
+                      dict.fromkeys(("scaleup", "scaleout", "scaleacross"), 0.0))
+    t = et.step_time(cfg, free)
+    assert t["step_s"] == pytest.approx(t["compute_path_s"], rel=1e-6)      # (m + pp - 1)(f + b)
+    slow = et.Cluster(16, 8, 16, free.Bps, {"scaleup": 0.0, "scaleout": 0.0, "scaleacross": 0.0}, 1e18, 1e-3)
+    assert et.step_time(cfg, slow)["step_s"] > t["step_s"]
+
+
+def test_estimate_cli_takes_a_train_workload(state_dir):
+    from click.testing import CliRunner
+    from labctl.cli import cli
+    r = CliRunner().invoke(cli, ["estimate", "--train", str(ROOT / "workloads/train-llama7b.yml"), "--gpus", "8192",
+                                 "--zones", "2", "--json"])
+    assert r.exit_code == 0, r.output
+    import json
+    doc = json.loads(r.output)
+    assert doc["degrees"]["dp"] == 2048 and doc["fabric_bytes"]["scaleacross"] > 0
+    assert doc["time"]["step_s"] > doc["time"]["compute_path_s"] > 0

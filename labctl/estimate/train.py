@@ -52,8 +52,14 @@ def layout(cfg: TrainStep, n: int) -> dict:
 
 def groups(cfg: TrainStep, n: int) -> dict[str, dict]:
     """Per dimension and stage, the participant-index groups (rings in order)."""
-    d, at = cfg.degrees, layout(cfg, n)
-    shard = cfg.dp_shard or d.dp
+    return _groups(cfg.degrees, cfg.placement, cfg.dp_shard, n)
+
+
+@lru_cache(maxsize=16)
+def _groups(d, placement, dp_shard, n: int) -> dict[str, dict]:
+    coords = coordinates(n, d, placement)
+    at = {(c["tp"], c["pp"], c["dp"]): i for i, c in enumerate(coords)}
+    shard = dp_shard or d.dp
     out = {"tp": {}, "ep": {}, "dp_shard": {}, "dp_replica": {}, "edp": {}}
     for s in range(d.pp):
         out["tp"][s] = [[at[(t, s, x)] for t in range(d.tp)] for x in range(d.dp)]
@@ -210,7 +216,7 @@ def flip_distance_km(cfg_a: TrainStep, cfg_b: TrainStep, cluster_at, km_max: flo
         return 0.0
     if (a > 0) == (b > 0):
         return None
-    for _ in range(60):
+    for _ in range(40):
         mid = (lo + hi) / 2
         if (diff(mid) > 0) == (a > 0):
             lo = mid
@@ -244,3 +250,57 @@ def lab_cluster(plan, ranks: list[int], alpha_s: float = 0.0, distance_km: float
         wan_lat = max((lk.lab_delay_ns for lk in wan), default=0) / 1e9
     return Cluster(len(ranks), domain, zone, {"scaleup": up, "scaleout": nic, "scaleacross": nic},
                    {"scaleup": 0.0, "scaleout": 0.0, "scaleacross": wan_lat}, wan_Bps, alpha_s)
+
+
+def real_cluster(gpus: int, domain: int, nic_bps: float, nvlink_bps: float, zones: int, distance_km: float,
+                 wan_bps: float, alpha_s: float) -> Cluster:
+    """A real cluster: payload rates in 4 KB RoCE frames, 5 us of fibre per km."""
+    payload = 4096 / (4096 + 62) / 8
+    nic = nic_bps * payload
+    return Cluster(gpus, domain if nvlink_bps else 1, gpus // zones,
+                   {"scaleup": nvlink_bps / 8 if nvlink_bps else nic, "scaleout": nic, "scaleacross": nic},
+                   {"scaleup": 0.0, "scaleout": 2e-6, "scaleacross": distance_km * 5e-6}, wan_bps * payload, alpha_s)
+
+
+def estimate_file(path, gpus: int, domain: int, nic_bps: float, nvlink_bps: float, zones: int, distance_km: float,
+                  wan_bps: float, alpha_s: float) -> dict:
+    """`labctl estimate --train`: the workload's step at real size on `gpus` GPUs."""
+    from labctl.errors import InputError
+    from labctl.estimate.fabric import OPTION
+    from labctl.traffic.train_spec import located, step_for
+    from labctl.traffic.workload import load_workload
+    loaded = load_workload(path)
+    spec = loaded.workload.train
+    if spec is None:
+        raise InputError(OPTION("--train"), f"{path} has no train: key", "give a workload with train:")
+    if gpus % zones or (gpus // zones) % domain:
+        raise InputError(OPTION("--zones"), f"{gpus} GPUs do not split into {zones} zones of whole "
+                         f"{domain}-GPU domains", "choose --gpus a multiple of zones x gpus-per-server")
+    spec = spec.model_copy(update={"scale": 1.0, "degrees": spec.degrees.model_copy(update={"dp": None})})
+    cfg = replace(step_for(spec, gpus, 1.0, located(str(path), loaded.smap)), time_factor=1.0)
+    cl = real_cluster(gpus, domain, nic_bps, nvlink_bps, zones, distance_km, wan_bps, alpha_s)
+    dims, fab = step_bytes(cfg, cl)
+    out = {"workload": loaded.workload.name, "gpus": gpus, "zones": zones, "distance_km": distance_km,
+           "degrees": cfg.degrees.__dict__, "placement": list(cfg.placement), "dim_bytes": dims,
+           "fabric_bytes": fab, "time": step_time(cfg, cl)}
+    if zones > 1:
+        swapped = with_placement(cfg, list(cfg.placement[:-2]) + [cfg.placement[-1], cfg.placement[-2]])
+        out["swapped_placement"] = list(swapped.placement)
+        out["swapped_step_s"] = step_time(swapped, cl)["step_s"]
+        out["flip_km"] = flip_distance_km(cfg, swapped, lambda km: real_cluster(
+            gpus, domain, nic_bps, nvlink_bps, zones, km, wan_bps, alpha_s))
+    return out
+
+
+def text(r: dict) -> str:
+    d = r["degrees"]
+    lines = [f"{r['workload']} on {r['gpus']:,} GPUs in {r['zones']} zone(s), tp={d['tp']} pp={d['pp']} dp={d['dp']} "
+             f"ep={d['ep']}, placement {r['placement']} (an alpha-beta model, not an emulation)",
+             "bytes per step, all GPUs: " + ", ".join(f"{k} {v / 1e9:,.1f} GB" for k, v in r["fabric_bytes"].items()),
+             "per dimension: " + ", ".join(f"{k} {v / 1e9:,.1f} GB" for k, v in r["dim_bytes"].items()),
+             f"step {r['time']['step_s'] * 1e3:,.1f} ms (compute path {r['time']['compute_path_s'] * 1e3:,.1f} ms, "
+             f"pipeline {r['time']['pipeline_s'] * 1e3:,.1f} ms, data parallel {r['time']['dp_s'] * 1e3:,.1f} ms)"]
+    if "flip_km" in r:
+        flip = "no flip below 20,000 km" if r["flip_km"] is None else f"they tie at {r['flip_km']:,.0f} km"
+        lines.append(f"placement {r['swapped_placement']} instead: {r['swapped_step_s'] * 1e3:,.1f} ms; {flip}")
+    return "\n".join(lines)
