@@ -95,7 +95,9 @@ def train_metrics(plan: LabPlan, run_dir: Path, doc: dict) -> dict[str, float]:
     swapped = model.with_placement(cfg, list(cfg.placement[:-2]) + [cfg.placement[-1], cfg.placement[-2]])
     flip = model.flip_distance_km(cfg, swapped, lambda km: model.lab_cluster(plan, ranks, alpha, km))
     cluster = model.lab_cluster(plan, ranks, alpha)
-    return {"wan_expected_bytes": t["fabric_wire_bytes_expected"]["scaleacross"], "duty_cycle": t["duty_cycle"],
+    steps = loaded.workload.warmup + loaded.workload.iterations     # every step crossed the WAN's ports
+    return {"wan_expected_bytes": steps * t["fabric_wire_bytes_expected"]["scaleacross"],
+            "duty_cycle": t["duty_cycle"],
             "wan_hidden_fraction": t["wan_hidden_fraction"] or 0.0,
             "model_step_s": model.step_time(cfg, cluster)["step_s"],
             "model_swapped_step_s": model.step_time(swapped, cluster)["step_s"],

@@ -53,7 +53,7 @@ METRICS = {
     "fsdp_bytes_ratio": "FSDP: bytes sent per rank / (3(n-1)/n x model) (1 = as FSDP predicts)",
     "victim_time_s": "lab seconds the workload's victim: transfer took, beside the collectives",
     "wan_port_bytes": "bytes the WAN links' ports sent during the run (both ends, port counters)",
-    "wan_expected_bytes": "train: the bytes the step's schedule puts on the WAN, on the wire",
+    "wan_expected_bytes": "train: the bytes the steps' schedule puts on the WAN, on the wire (warm-up steps included, as the ports count them)",
     "duty_cycle": "train: per GPU, the share of the step its transfers were in flight (mean)",
     "wan_hidden_fraction": "train: the share of the WAN's busy time during which some GPU computed",
     "model_step_s": "train: the alpha-beta model's step time for this lab (labctl/estimate/train.py)",
