@@ -203,3 +203,14 @@ def test_estimate_cli_takes_a_train_workload(state_dir):
     doc = json.loads(r.output)
     assert doc["degrees"]["dp"] == 2048 and doc["fabric_bytes"]["scaleacross"] > 0
     assert doc["time"]["step_s"] > doc["time"]["compute_path_s"] > 0
+
+
+def test_degrees_that_miss_the_labs_participants_are_a_located_error(tmp_path):
+    from labctl.traffic.run import build_ops, participants
+    plan = compile_plan(load_topology(ROOT / "topologies/ai-cluster.yml", ["zones=2"]))
+    wf = tmp_path / "w.yml"
+    wf.write_text("name: w\ntrain:\n  model: llama-7b\n  layers: 4\n  degrees: {tp: 2, pp: 2, dp: 2}\n")
+    loaded = load_workload(wf)
+    with pytest.raises(InputError) as info:
+        build_ops(plan, loaded, participants(plan, loaded))
+    assert "= 8, but there are 16 participants" in str(info.value) and info.value.where.line == 5
