@@ -80,8 +80,8 @@ class StepBuilder:
             self.compute_total[r] += seconds
 
     def add(self, ts: list[Transfer], dim: str, receivers_wait: bool = True) -> None:
-        """Append `ts`; with receivers_wait its receivers' next sends wait for it (a point-to-point
-        receiver waits from its own program point instead: `expect`)."""
+        """Append `ts`; with receivers_wait its receivers' next sends wait for it (a pipeline receiver
+        instead starts waiting at its own program point: build_step's `receive`)."""
         gated: set[int] = set()
         out = []
         for t in ts:
