@@ -33,9 +33,15 @@ from labctl.errors import LabError
               help="instead: fit the model on these run directories and write --calibration; repeatable")
 @click.option("--calibration", "cal_path", type=click.Path(dir_okay=False),
               help="the calibration file (default: the bundled one, from bench/calibrate_estimate.py)")
+@click.option("--train", "train_file", type=click.Path(exists=True, dir_okay=False),
+              help="instead: a workload with a train: key; per-fabric bytes and the step's time on --gpus "
+                   "(dp fills what tp x pp leave; sizes real, the workload's scale ignored)")
+@click.option("--zones", type=int, default=1, show_default=True, help="--train: buildings the GPUs are split over")
+@click.option("--distance", type=float, default=10.0, show_default=True, help="--train: km of fibre between zones")
+@click.option("--wan-rate", default="51.2T", show_default=True, help="--train: the WAN's capacity each way")
 @click.option("--json", "as_json", is_flag=True, help="print the figures as JSON")
 def estimate(gpus, gpus_per_server, radix, rate, nvlink, collective, size, ranks, qps, seeds, seed_mode, alpha, check,
-             calibrate, cal_path, as_json):
+             calibrate, cal_path, train_file, zones, distance, wan_rate, as_json):
     """Estimate a collective on a fabric too large to emulate here: a model, not an emulation.
 
     For 8k-100k GPUs on a rail-optimised Clos of RADIX-port switches, the α-β time of each ring
@@ -48,10 +54,19 @@ def estimate(gpus, gpus_per_server, radix, rate, nvlink, collective, size, ranks
     Examples:
       labctl estimate --gpus 16384 --collective hier_all_reduce --size 1GB
       labctl estimate --gpus 100000 --radix 128 --ranks rail --collective all_reduce --size 256MB
+      labctl estimate --train workloads/train-llama7b.yml --gpus 16384 --zones 2 --distance 50
       labctl estimate --gpus 8192 --seed-mode same       # one seed on every switch: polarisation
       labctl estimate --check runs/20261202-101500-allreduce    # the model against a lab run
       labctl estimate --calibrate runs/a --calibrate runs/b --calibration my-cal.json
     """
+    if train_file:
+        from labctl.estimate.train import estimate_file, text
+        from labctl.units import parse_duration_ns, parse_rate
+        nv = parse_rate(nvlink) if str(nvlink) not in ("0", "none") else 0
+        result = estimate_file(Path(train_file), gpus, gpus_per_server, float(parse_rate(rate)), float(nv), zones,
+                               distance, float(parse_rate(wan_rate)), parse_duration_ns(alpha) / 1e9)
+        click.echo(json.dumps(result, indent=1) if as_json else text(result))
+        return
     from labctl.estimate import calibration, report
     from labctl.estimate.fabric import Clos
     from labctl.estimate.model import Params

@@ -79,7 +79,33 @@ def run_metrics(plan: LabPlan, run_dir: Path, wan_bytes: float = 0.0) -> dict[st
         "victim_time_s": sum(r.get("victim_s") or 0.0 for r in results),
         "fsdp_bytes_ratio": _fsdp_ratio(doc),
         **wan.wan_metrics(plan, deltas),
+        **train_metrics(plan, run_dir, doc),
     }
+
+
+def train_metrics(plan: LabPlan, run_dir: Path, doc: dict) -> dict[str, float]:
+    t = doc.get("train")
+    if not t:
+        return {}
+    from labctl.estimate import train as model
+    from labctl.traffic.train_run import step_config
+    from labctl.traffic.workload import load_workload
+    loaded = load_workload(run_dir / "workload.yml")
+    ranks = [int(r) for r in doc["ranks"]]
+    cfg = step_config(plan, loaded, ranks)
+    alpha = loaded.workload.options.alpha * 1e-9 * plan.dilation
+    swapped = model.with_placement(cfg, list(cfg.placement[:-2]) + [cfg.placement[-1], cfg.placement[-2]])
+    flip = model.flip_distance_km(cfg, swapped, lambda km: model.lab_cluster(plan, ranks, alpha, km))
+    cluster = model.lab_cluster(plan, ranks, alpha)
+    steps = loaded.workload.warmup + loaded.workload.iterations     # every step crossed the WAN's ports
+    return {"wan_expected_bytes": steps * t["fabric_wire_bytes_expected"]["scaleacross"],
+            "duty_cycle": t["duty_cycle"],
+            "wan_hidden_fraction": t["wan_hidden_fraction"] or 0.0,
+            "model_step_s": model.step_time(cfg, cluster)["step_s"],
+            "model_swapped_step_s": model.step_time(swapped, cluster)["step_s"],
+            "model_flip_km": -1.0 if flip is None else flip,
+            "ep_hot_ratio": t.get("ep_hot_ratio", 0.0), "ep_hot_expected": t.get("ep_hot_ratio_expected", 0.0),
+            "ep_busy_s": t["ep_busy_s"]}
 
 
 def _fsdp_ratio(doc: dict) -> float:

@@ -7,7 +7,9 @@ from labctl.experiment.spec import METRICS, Experiment
 
 SHOWN = ("time_s", "busbw", "ratio", "wrong", "gaps", "drops", "lossless_drops", "ecn_marked", "pfc_tx",
          "max_depth", "uplink_imbalance", "wan_bytes", "tcp_goodput_bps", "victim_time_s", "retransmits",
-         "wan_max_depth", "wan_drops", "zone_pfc_tx")
+         "wan_max_depth", "wan_drops", "zone_pfc_tx", "wan_port_bytes",
+         "wan_expected_bytes", "duty_cycle", "wan_hidden_fraction", "model_step_s", "model_swapped_step_s",
+         "model_flip_km", "ep_hot_ratio", "ep_hot_expected", "ep_busy_s")
 
 
 def answer(doc: dict) -> str:

@@ -18,9 +18,10 @@ from labctl import lifecycle as labmod
 from labctl.lifecycle.capture import Capture, file_name
 from labctl.errors import InputError, LabError
 from labctl.paths import is_dir
-from labctl.experiment import plots, wan
+from labctl.experiment import plots, trainplots, wan
 from labctl.experiment.metrics import run_metrics
 from labctl.plan.model import LabPlan
+from labctl.telemetry import fabricports
 from labctl.experiment.spec import METRICS, Experiment, load_experiment
 from labctl.traffic.run import run_workload
 from labctl.traffic.workload import LoadedWorkload, load_workload
@@ -129,10 +130,11 @@ def _step(exp, k, step, plan, lab, workloads, out, suffix, metrics, runs, say) -
     if step.run is not None:
         run_name = (step.as_ or f"run{k + 1}") + suffix
         say(f"[{exp.name}] run {run_name}")
-        before = _wan_bytes(lab)
+        before, ports_before = _wan_bytes(lab), fabricports.sent_bytes(plan)
         run_dir = out / "runs" / run_name
         run_workload(plan, lab, workloads[k], run_dir)
         metrics[run_name] = run_metrics(plan, run_dir, _wan_bytes(lab) - before)
+        metrics[run_name]["wan_port_bytes"] = fabricports.sent_bytes(plan) - ports_before
         runs[run_name] = run_dir
     elif step.tc is not None:
         _tc(plan, lab, dict(step.tc))
@@ -200,6 +202,8 @@ def draw(plan, runs: dict[str, Path], out: Path) -> dict[str, list[str]]:
             # the run's own plan: a sweep over the WAN buffer builds each point's lab anew
             drawings.append(("wan_queue.png", lambda p: wan.wan_queue_plot(run_dir, LabPlan.from_dict(
                 json.loads((run_dir / "plan.json").read_text())), p)))
+        if doc.get("train"):
+            drawings.append(("bursts.png", lambda p: trainplots.bursts(run_dir, p)))
         if doc["results"]:
             drawings += [("timeline.png", lambda p: plots.timeline(run_dir, p)),
                          ("sender_rates.png", lambda p: plots.sender_rates(run_dir, p))]

@@ -55,6 +55,17 @@ METRICS = {
     "wan_max_depth": "deepest queue at a DCI router's WAN egress (bytes)",
     "wan_drops": "packets the DCI routers' WAN egress queues dropped during the run",
     "zone_pfc_tx": "PFC frames sent inside the zones (every port not on the WAN) during the run",
+    "wan_port_bytes": "bytes the WAN links' ports sent during the run (both ends, port counters)",
+    "wan_expected_bytes": "train: the bytes the steps' schedule puts on the WAN, on the wire (warm-up steps included, as the ports count them)",
+    "duty_cycle": "train: per GPU, the share of the step its transfers were in flight (mean)",
+    "wan_hidden_fraction": "train: the share of the WAN's busy time during which some GPU computed",
+    "model_step_s": "train: the alpha-beta model's step time for this lab (labctl/estimate/train.py)",
+    "model_flip_km": "train: WAN km at which the model has this placement and the one with its outer two "
+                     "dimensions swapped tie (-1: no flip below 20000 km)",
+    "model_swapped_step_s": "train: the model's step time with the outer two dimensions swapped",
+    "ep_hot_ratio": "train: the hottest expert-parallel receiver's bytes / the mean",
+    "ep_hot_expected": "train: that ratio as the routing skew gives it",
+    "ep_busy_s": "train: lab seconds during which expert-parallel all-to-all traffic was in flight",
 }
 Duration = Annotated[int, BeforeValidator(parse_duration_ns)]
 

@@ -109,6 +109,9 @@ class Agent:
             if not ok:
                 timed_out = True
                 break
+            if t.get("delay"):
+                time.sleep(t["delay"])    # the rank computes (a training step's layer) before it sends
+                progress = time.monotonic()
             t0 = time.monotonic()
             self.sender.send_message(t)
             progress = time.monotonic()

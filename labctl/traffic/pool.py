@@ -182,7 +182,7 @@ class AgentPool:
                                              "after": [tag | x for x in t.after],
                                              "qp": k % self.options.qps, "line_rate": ia.shaping.rate_bps,
                                              "src_addr": ia.address.split("/")[0],
-                                             "dst_addr": ib.address.split("/")[0]})
+                                             "dst_addr": ib.address.split("/")[0], "delay": t.delay})
             per_rank[t.dst]["recvs"].append(tag | t.id)
         start = time.monotonic() + 0.05 + 0.002 * len(schedule.ranks)
         for r in schedule.ranks:

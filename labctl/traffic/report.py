@@ -50,6 +50,8 @@ def table(doc: dict) -> str:
         lines.append(f"# FSDP {f['strategy']} step: {f['step_time_s']:.3f} s lab ({f['step_time_s'] / d * 1e3:.2f} ms "
                      f"real), ideal {f['step_ideal_s']:.3f} s; bytes per rank {min(sent):.0f}..{max(sent):.0f}, "
                      f"3(n-1)/n x model = {f['expected_full_shard_bytes_per_rank']:.0f}")
+    if "train" in doc:
+        lines += train_lines(doc["train"], d)
     lost = [(r, q) for r, c in doc.get("counters", {}).items() for q in c.get("rx", []) if q["gaps"] or q["late"]]
     total_gaps = sum(q["gaps"] for _, q in lost)
     ce = sum(q["ce"] for c in doc.get("counters", {}).values() for q in c.get("rx", []))
@@ -68,6 +70,20 @@ def table(doc: dict) -> str:
         lines.append("# " + describe(doc["controller_reaction"]))
     lines += flow_lines(doc.get("flows", []))
     return "\n".join(lines)
+
+
+def train_lines(t: dict, dilation: float) -> list[str]:
+    """A train: step: time against its bound, duty cycle, bubble, and bytes per dimension and fabric."""
+    g = t["degrees"]
+    wan = t["wan_hidden_fraction"]
+    return [f"# train step tp={g['tp']} pp={g['pp']} dp={g['dp']} ep={g['ep']} placement {t['placement']}: "
+            f"{t['step_time_s']:.3f} s lab ({t['step_time_s'] / dilation / t['scale'] * 1e3:.1f} ms at full size: "
+            f"bytes and compute are x{t['scale']:g}, the WAN's latency is not), bound "
+            f"{t['ideal_s']:.3f} s (compute path {t['compute_path_s']:.3f} s), bubble {t['bubble_fraction']:.0%}, "
+            f"duty cycle {t['duty_cycle']:.0%} per GPU" + (f", {wan:.0%} of the WAN's busy time behind compute"
+                                                             if wan is not None else ""),
+            "# bytes per dimension: " + ", ".join(f"{k} {v:,}" for k, v in t["dim_bytes"].items()),
+            "# bytes per fabric (schedule): " + ", ".join(f"{k} {v:,}" for k, v in t["fabric_bytes_expected"].items())]
 
 
 def flow_lines(flows: list[dict]) -> list[str]:

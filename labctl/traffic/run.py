@@ -16,7 +16,7 @@ from labctl.plan.model import LabPlan
 from labctl.state import LabDir
 from labctl.telemetry import ledger
 from labctl.telemetry.sampler import QueueSampler
-from labctl.traffic import flows, fsdp, placement, schedule as sch
+from labctl.traffic import flows, fsdp, placement, schedule as sch, train_run
 from labctl.traffic.dcqcn import Params
 from labctl.traffic.tcpflow import FlowRun
 from labctl.traffic.pool import AgentPool, RunOptions, gpu_ranks, ideal_seconds, local_index
@@ -32,6 +32,7 @@ class Op:
     iteration: int
     warmup: bool
     stage: int | None = None
+    compute_s: float = 0.0       # a train step's compute critical path, part of its bound
 
 
 def participants(plan: LabPlan, loaded: LoadedWorkload) -> list[int]:
@@ -71,6 +72,11 @@ def build_ops(plan: LabPlan, loaded: LoadedWorkload, ranks: list[int]) -> list[O
     w, o = loaded.workload, loaded.workload.options
     nodes = gpu_ranks(plan)
     ops: list[Op] = []
+    if w.train:
+        cfg = train_run.step_config(plan, loaded, ranks)
+        s, compute_s = train_run.step_schedule(cfg, ranks, o.slice)
+        return [Op(f"train step {it - w.warmup}", "train_step", s.size, s, it - w.warmup, it < w.warmup,
+                   compute_s=compute_s) for it in range(w.warmup + w.iterations)]
     if w.fsdp:
         f = w.fsdp
         model = fsdp.model_from(f.model, f.layers, f.hidden, f.params_per_layer, f.dtype)
@@ -161,7 +167,7 @@ def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Pa
                  trace=None) -> dict:
     """Play a workload; `trace` (lab.trace_path) lets the report say where ECMP put a ring's hops."""
     w = loaded.workload
-    collectives = w.collective is not None or w.fsdp is not None
+    collectives = w.collective is not None or w.fsdp is not None or w.train is not None
     ranks = participants(plan, loaded) if collectives else []
     ranks += [r for r in victim_ranks(plan, loaded) if r not in ranks]
     ops = build_ops(plan, loaded, ranks) if collectives else []
@@ -187,7 +193,7 @@ def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Pa
         sampler = QueueSampler(plan, out_dir / "queues.csv", lab_path=lab.path).start()
         tcp = FlowRun(tcp_flows).start() if tcp_flows else None
         for k, op in enumerate(ops):
-            ideal = ideal_seconds(plan, op.schedule, nodes, alpha)
+            ideal = ideal_seconds(plan, op.schedule, nodes, alpha) + op.compute_s
             timeout, quiet = time_outs(w.options.timeout, ideal)
             reports = pool.run(op.schedule, k, timeout, quiet)
             if progress:
@@ -223,6 +229,12 @@ def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Pa
            "controller_reaction": reactions}
     if w.fsdp:
         doc["fsdp"] = _fsdp_summary(w, ranks, results)
+    if w.train:
+        first = next(k for k, op in enumerate(ops) if not op.warmup)
+        doc["train"] = train_run.summary(plan, train_run.step_config(plan, loaded, ranks), ops[first].schedule,
+                                         results[0], ops[first].compute_s)
+        doc["dim_bytes"] = doc["train"]["dim_bytes"]
+        doc["fabric_bytes_expected"] = doc["train"]["fabric_bytes_expected"]
     if trace is not None and w.collective in RINGS and w.options.qps == 1 and w.options.channels == 1 \
             and w.options.sport == "per-qp":
         hops = placement.ring_hops(plan, trace, ranks)

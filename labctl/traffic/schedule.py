@@ -25,6 +25,7 @@ class Transfer:
     phase: str
     step: int
     channel: int = 0
+    delay: float = 0.0       # seconds the sender computes, once its `after` have arrived, before sending
 
 
 @dataclass

@@ -31,7 +31,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from labctl.errors import InputError
 from labctl.topology.load import input_error
 from labctl.topology.yamlpos import load_yaml_file
-from labctl.traffic import fsdp
+from labctl.traffic import fsdp, train_spec
 from labctl.traffic.schedule import COLLECTIVES
 from labctl.units import parse_duration_ns, parse_rate, parse_size
 
@@ -123,15 +123,16 @@ class Workload(Strict):
     root: str | None = None
     options: Options = Options()
     fsdp: FsdpSpec | None = None
+    train: train_spec.TrainSpec | None = Field(None, description="one Megatron-style training step (docs/parallelism.md)")
     flows: list[Flow] = Field(default_factory=list, description="TCP flows started with the collectives")
     victim: Victim | None = Field(None, description="a sendrecv played beside each collective; its time is reported")
 
     @model_validator(mode="after")
     def one_kind(self):
-        if self.collective is not None and self.fsdp is not None:
-            raise ValueError("give either collective: (with sizes:) or fsdp:, not both")
-        if self.collective is None and self.fsdp is None and not self.flows:
-            raise ValueError("give collective: (with sizes:), fsdp: or flows:")
+        if sum(x is not None for x in (self.collective, self.fsdp, self.train)) > 1:
+            raise ValueError("give one of collective: (with sizes:), fsdp: or train:, not several")
+        if self.collective is None and self.fsdp is None and self.train is None and not self.flows:
+            raise ValueError("give collective: (with sizes:), fsdp:, train: or flows:")
         if self.collective and self.sizes is None:
             raise ValueError("a collective needs sizes: (e.g. sizes: 16MB, or {begin: 1MB, end: 64MB})")
         return self
@@ -153,6 +154,7 @@ class LoadedWorkload:
     workload: Workload
     file: Path
     text: str
+    smap: object = None      # the file's SourceMap: locates errors found once the lab is known
 
 
 def load_workload(file: str | Path) -> LoadedWorkload:
@@ -171,4 +173,6 @@ def load_workload(file: str | Path) -> LoadedWorkload:
             fsdp.model_from(w.fsdp.model, w.fsdp.layers, w.fsdp.hidden, w.fsdp.params_per_layer, w.fsdp.dtype)
         except ValueError as exc:
             raise InputError(smap.where(("fsdp",)), str(exc), "use a preset or give layers and hidden") from None
-    return LoadedWorkload(w, path, text)
+    if w.train:
+        train_spec.check(w.train, smap.where)
+    return LoadedWorkload(w, path, text, smap)
