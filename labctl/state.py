@@ -87,6 +87,16 @@ class LabDir:
         tmp.write_text(json.dumps(state, indent=2))
         os.replace(tmp, self.state_file)
 
+    def write_plan(self, plan: dict) -> None:
+        """plan.json, whole or not at all: helpers read it while a lab changes (addresses learnt,
+        Mininet's ifindexes), and a reader must never see half a plan."""
+        tmp = self.plan_file.with_suffix(".tmp")
+        with open(tmp, "w") as f:
+            f.write(json.dumps(plan))          # compact: the C encoder, 10x faster
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.plan_file)
+
     def read_plan(self) -> dict:
         return json.loads(self.plan_file.read_text())
 
@@ -180,7 +190,7 @@ def claim(name: str, plan: dict, topology_file: str | None) -> LabDir:
                        "`labctl clean` removes them") from None
     d.write_state(lab=name, status="building", pid=os.getpid(), builder=procs.identity(os.getpid()),
                   started=time.time(), topology_file=topology_file)
-    (d.path / "plan.json").write_text(json.dumps(plan))  # compact: the C encoder, 10x faster
+    d.write_plan(plan)
     return d
 
 

@@ -105,3 +105,16 @@ def test_root_owned_files_writable_by_no_one_else_are_trusted(tmp_path):
     assert trust.untrusted(load_topology(f)) == []
     for bundled in sorted((ROOT / "topologies").glob("*.yml")):
         assert trust.untrusted(load_topology(bundled)) == [], bundled
+
+
+def test_plan_json_is_replaced_whole(tmp_path):
+    """A reader of plan.json sees the old plan or the new one, never half of one (state.write_plan)."""
+    import json
+    from labctl.state import LabDir
+    d = LabDir("x", tmp_path)
+    d.write_plan({"lab": "x", "nodes": list(range(1000))})
+    before = os.stat(d.plan_file).st_ino
+    d.write_plan({"lab": "x", "nodes": []})
+    assert json.loads(d.plan_file.read_text()) == {"lab": "x", "nodes": []}
+    assert os.stat(d.plan_file).st_ino != before, "a new file renamed over the old, not the old rewritten"
+    assert not list(tmp_path.glob("*.tmp"))

@@ -134,7 +134,7 @@ class MininetBackend(NetnsBackend):
                 ioctl.close()
             rps.set_on_devices(str(nsutil.path(node.namespace)), [i.name for i in node.interfaces], rps.cpu_mask())
             progress("configure", k + 1, len(plan.nodes))
-        lab.plan_file.write_text(json.dumps(plan.to_dict()))   # the controller and agents read these indexes
+        lab.write_plan(plan.to_dict())   # the controller and agents read these indexes
         for node in plan.nodes:
             netconf.classify(node)
 

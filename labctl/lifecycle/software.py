@@ -11,7 +11,6 @@ which pingall, route, exec's node names and the agents use them as any planned a
 """
 from __future__ import annotations
 
-import json
 import shlex
 import socket
 import subprocess
@@ -100,5 +99,5 @@ def learn_addresses(plan: LabPlan, lab: LabDir) -> bool:
             peer = by_port.get((iface.peer_node, iface.peer_iface))
             if peer and not plan.node(iface.peer_node).bridged:
                 iface.peer_address = peer.split("/")[0]
-    lab.plan_file.write_text(json.dumps(plan.to_dict()))
+    lab.write_plan(plan.to_dict())
     return True

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import os
 import re
 import stat
@@ -172,6 +173,8 @@ def _convert(spec: VarSpec, value, where: Where):
         raise bad(str(exc)) from None
     if spec.choices is not None and value not in spec.choices:
         raise bad(f"{value!r} is not one of {spec.choices}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise bad(f"{value} is not a finite number")      # NaN passes every < and >
     if spec.min is not None and isinstance(value, (int, float)) and value < spec.min:
         raise bad(f"{value} is below the minimum {spec.min}")
     if spec.max is not None and isinstance(value, (int, float)) and value > spec.max:

@@ -120,7 +120,11 @@ def _convert(node: yaml.Node, path: Path, smap: SourceMap, seen: set, repeats: l
     if isinstance(node, yaml.MappingNode):
         out: dict = {}
         for key_node, value_node in node.value:
-            key = yaml.SafeLoader.construct_object(_LOADER, key_node)  # scalar keys only
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                raise InputError(Where(smap.file, key_node.start_mark.line + 1, dotted(path) or None),
+                                 "YAML merge keys (<<) are not read here",
+                                 "write the merged keys out (an alias of a whole value still works)")
+            key = _scalar(key_node, smap)  # scalar keys only
             if not isinstance(key, (str, int, float, bool)):
                 raise InputError(Where(smap.file, key_node.start_mark.line + 1),
                                  "mapping keys must be plain names", "write the key as a plain string")
@@ -133,7 +137,21 @@ def _convert(node: yaml.Node, path: Path, smap: SourceMap, seen: set, repeats: l
         return out
     if isinstance(node, yaml.SequenceNode):
         return [_convert(item, path + (i,), smap, seen, repeats) for i, item in enumerate(node.value)]
-    return yaml.SafeLoader.construct_object(_LOADER, node)
+    return _scalar(node, smap, path)
+
+
+def _scalar(node: yaml.Node, smap: SourceMap, path: Path = ()) -> object:
+    """A scalar as YAML's safe types read it, or a located error: an unknown tag (a python/name,
+    a !custom), a malformed timestamp or number, an integer past Python's digit limit."""
+    where = Where(smap.file, node.start_mark.line + 1, dotted(path) or None)
+    try:
+        return yaml.SafeLoader.construct_object(_LOADER, node)
+    except yaml.constructor.ConstructorError:
+        raise InputError(where, f"the tag {node.tag!r} is not one labctl reads",
+                         "remove the tag: values are plain strings, numbers, booleans, lists and mappings") from None
+    except (ValueError, OverflowError, TypeError) as exc:
+        raise InputError(where, f"{str(node.value)[:40]!r} is not a value labctl can read: {str(exc)[:80]}",
+                         "quote it to keep it as text, or write a plain number or date") from None
 
 
 _LOADER = yaml.SafeLoader("")
