@@ -60,3 +60,25 @@ def test_esp_adds_54_to_57_bytes_as_its_padding_says_and_scapy_agrees():
         assert added == esp.overhead(inner) == len(theirs.encrypt(IP(frame[14:]))) - inner
         seen.add(added)
     assert seen == {54, 55, 56, 57} and (esp.MIN_OVERHEAD, esp.MAX_OVERHEAD) == (54, 57)
+
+
+def test_the_iv_never_repeats_past_32_bits_and_the_sa_refuses_to_reuse_one():
+    """GCM under one key must never see a nonce twice: across the 32-bit sequence number's wrap
+    the IV keeps counting (the header carries its low 32 bits), and at the 64-bit end the SA stops."""
+    sa = esp.Sa.new(0x3003, "10.9.0.0", "10.9.0.1")
+    frame = inner_frame()
+    sa.seq = 2**32 - 2
+    ivs, seqs = [], []
+    for _ in range(4):
+        wire = esp.encapsulate(sa, frame)
+        seqs.append(int.from_bytes(wire[14 + 20 + 4:14 + 20 + 8], "big"))
+        ivs.append(int.from_bytes(wire[14 + 20 + 8:14 + 20 + 16], "big"))
+        assert esp.decapsulate({sa.spi: sa}, wire) == frame
+    assert ivs == [2**32 - 1, 2**32, 2**32 + 1, 2**32 + 2] and len(set(ivs)) == 4
+    assert seqs == [2**32 - 1, 0, 1, 2]
+    sa.seq = esp.MAX_PACKETS
+    try:
+        esp.encapsulate(sa, frame)
+        raise AssertionError("sealed past the last IV")
+    except OverflowError:
+        pass

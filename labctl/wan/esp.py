@@ -2,7 +2,7 @@
 
     Ether | outer IPv4 (proto 50, a -> b) | SPI | seq | IV (8) | AES-GCM(inner IPv4 | pad | pad len | 4) | ICV (16)
 
-Nonce = 4-byte salt | 8-byte IV; the AAD is SPI | seq (32-bit sequence numbers). The outer header
+Nonce = 4-byte salt | 8-byte IV, a 64-bit packet counter; the AAD is SPI | seq (its low 32 bits). The outer header
 copies the inner DSCP and ECN (RFC 4301 §5.1.2, RFC 6040 normal mode), and decapsulation carries a
 CE mark on the outer header into the inner one, so congestion marks survive the tunnel.
 `wireshark_sa` writes the SA in Wireshark's esp_sa table format so captures can be decrypted.
@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+MAX_PACKETS = 2**64 - 1     # one SA seals at most this many: every IV once
 
 from labctl.plan import qos
 
@@ -37,7 +39,7 @@ class Sa:
     salt: bytes             # 4 bytes
     src: str                # outer source, the encrypting end's address
     dst: str
-    seq: int = 0
+    seq: int = 0            # packets sealed: the 64-bit counter behind both the IV and the wire's sequence number
     aead: AESGCM = field(init=False, repr=False)
 
     def __post_init__(self):
@@ -72,11 +74,16 @@ def encapsulate(sa: Sa, frame: bytes) -> bytes | None:
     if len(frame) < 34 or struct.unpack_from("!H", frame, 12)[0] != ETH_P_IP:
         return None
     inner = frame[14:]
-    sa.seq = (sa.seq + 1) & 0xFFFFFFFF
+    # GCM's nonce must never repeat under one key: the IV counts all 64 bits (a 32-bit one wrapped
+    # after 4e9 packets and sealed again with nonces already used); the header carries the low 32
+    # bits, as extended sequence numbers do (RFC 4303 §2.2.1)
+    if sa.seq >= MAX_PACKETS:
+        raise OverflowError(f"SA {sa.spi:#x} sealed {MAX_PACKETS} packets: rekey before its IV would repeat")
+    sa.seq += 1
     iv = struct.pack("!Q", sa.seq)
     pad = padding(len(inner))
     plaintext = inner + bytes(range(1, pad + 1)) + bytes((pad, IPPROTO_IPIP))
-    head = struct.pack("!II", sa.spi, sa.seq)
+    head = struct.pack("!II", sa.spi, sa.seq & 0xFFFFFFFF)
     esp = head + iv + sa.aead.encrypt(sa.salt + iv, plaintext, head)
     tos = inner[1]
     outer = struct.pack("!BBHHHBBH4s4s", 0x45, tos, 20 + len(esp), sa.seq & 0xFFFF, 0x4000, 64, IPPROTO_ESP, 0,
