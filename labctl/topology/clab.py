@@ -36,6 +36,10 @@ from labctl.topology.clabmaps import ImportMaps
 from labctl.topology.yamlpos import SourceMap
 
 NODE_KEYS = ("kind", "image", "cmd", "env", "binds", "exec", "group", "startup-config")
+# what each key holds, as containerlab's schema has it: checked at every level before it is used
+KEY_TYPES = {"kind": (str,), "image": (str, type(None)), "cmd": (str, list), "env": (dict,), "binds": (list,),
+             "exec": (list,), "group": (str, int), "startup-config": (str,)}
+KEY_ITEMS = {"binds": str, "exec": str, "cmd": str}
 FRR_IMAGE = "labctl/frr"
 FRR_START = "/usr/lib/frr/frrinit.sh start"
 # containerlab keys that mean nothing without its management network, licences or NOS images
@@ -107,9 +111,31 @@ def to_labctl(data: dict, smap: SourceMap, file: str, maps: ImportMaps | None = 
     return "\n".join(header) + "\n" + yaml.safe_dump(lab, sort_keys=False)
 
 
+def _typed(layer: dict, at: tuple, smap: SourceMap) -> None:
+    """A located error for a node key of the wrong type (exec: true, kind: [], env: a list, ...)."""
+    for key, types in KEY_TYPES.items():
+        if key not in layer:
+            continue
+        value = layer[key]
+        items = KEY_ITEMS.get(key)
+        if not isinstance(value, types) or (isinstance(value, list) and items and
+                                            not all(isinstance(v, items) for v in value)):
+            want = " or ".join("a list of strings" if t is list else {str: "a string", int: "a number", dict:
+                               "a mapping", type(None): "empty"}[t] for t in types)
+            raise InputError(smap.where(at + (key,)), f"{key} must be {want}, not {value!r:.60}",
+                             "see containerlab's topology format")
+    env = layer.get("env") or {}
+    bad = [k for k, v in env.items() if not isinstance(v, (str, int, float, bool))]
+    if bad:
+        raise InputError(smap.where(at + ("env", bad[0])), f"env {bad[0]!r} must be a plain value",
+                         "write NAME: value")
+
+
 def _node(name: str, spec: dict, kinds: dict, defaults: dict, groups: dict, smap: SourceMap, notes: list[str],
           maps: ImportMaps) -> dict:
     where = ("topology", "nodes", name)
+    _typed(spec, where, smap)
+    _typed(defaults, ("topology", "defaults"), smap)
     group_name = spec.get("group")
     group: dict = {}
     if group_name is not None:
@@ -118,6 +144,7 @@ def _node(name: str, spec: dict, kinds: dict, defaults: dict, groups: dict, smap
                              "write group: NAME (a key of topology.groups, or just a label)")
         # a group that topology.groups does not define is only a label (containerlab's graph uses it)
         group = _mapping(groups.get(group_name), smap, ("topology", "groups", group_name))
+        _typed(group, ("topology", "groups", group_name), smap)
     kind = spec.get("kind", group.get("kind", defaults.get("kind")))
     if kind is None:
         raise InputError(smap.where(where), f"node {name!r} has no kind",
@@ -126,6 +153,7 @@ def _node(name: str, spec: dict, kinds: dict, defaults: dict, groups: dict, smap
     if kind not in KIND_MAP and mapped is None:
         _refuse_kind(name, kind, smap.where(where + ("kind",)))
     level = [defaults, _mapping(kinds.get(kind), smap, ("topology", "kinds", kind)), group, spec]
+    _typed(level[1], ("topology", "kinds", kind), smap)
     ats = (("topology", "defaults"), ("topology", "kinds", kind), ("topology", "groups", group_name), where)
     for at, layer in zip(ats, level):
         for key in layer:
