@@ -51,8 +51,9 @@ def path_ports(plan: LabPlan, a: Node, b: Node) -> tuple[Interface, Interface]:
         for ib in b.interfaces:
             if ia.fabric == ib.fabric:
                 kind = fabric_kind(plan.fabrics[ia.fabric].kind)
-                if kind.islands and getattr(a, kind.islands) != getattr(b, kind.islands):
-                    continue                       # an NVLink domain ends at its server
+                if kind.islands and getattr(a, kind.islands) != getattr(b, kind.islands) \
+                        and ia.peer_node != ib.peer_node:
+                    continue    # an NVLink domain ends at its server, or at its NVLink switch (a rack's NVL72)
                 shared.append((kind.path_rank, ia, ib))
     if not shared:
         raise LabError(f"{a.name} and {b.name} share no fabric", "cable both to the same fabric")

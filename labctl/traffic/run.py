@@ -14,9 +14,9 @@ from labctl.telemetry import reaction
 from labctl.errors import InputError, LabError, Where
 from labctl.plan.model import LabPlan
 from labctl.state import LabDir
-from labctl.telemetry import ledger
+from labctl.telemetry import ledger, linkbytes
 from labctl.telemetry.sampler import QueueSampler
-from labctl.traffic import flows, fsdp, placement, schedule as sch
+from labctl.traffic import fabricmap, flows, fsdp, placement, schedule as sch
 from labctl.traffic.dcqcn import Params
 from labctl.traffic.tcpflow import FlowRun
 from labctl.traffic.pool import AgentPool, RunOptions, gpu_ranks, ideal_seconds, local_index
@@ -179,6 +179,7 @@ def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Pa
     with procs.realtime():
         losses_before = ledger.snapshot(plan, lab.path)
     reactions_before, since = reaction.read(lab.path), time.monotonic()
+    link_bytes_before = linkbytes.snapshot(plan)
     # only where a controller runs: the watchers cost a few % of a core, and only its reaction needs them
     stalls = StallWatch((lab.path / "pfc.json").exists()).start()
     pool = sampler = tcp = None
@@ -209,6 +210,7 @@ def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Pa
     flow_results = tcp.close() if tcp is not None else []
     series = sampler.close()
     counters = pool.close() if pool is not None else {}
+    link_bytes_after = linkbytes.snapshot(plan)
     gaps = sum(q["gaps"] for c in counters.values() for q in c.get("rx", []))
     with procs.realtime():
         losses = ledger.ledger(losses_before, ledger.snapshot(plan, lab.path), plan, gaps)
@@ -221,6 +223,7 @@ def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Pa
            "counters": {str(r): c for r, c in counters.items()}, "queue_series": series,
            "flows": [f for f in flow_results if f["received"] or f["error"]], "loss_ledger": losses,
            "controller_reaction": reactions}
+    doc.update(fabric_bytes(plan, ops, link_bytes_before, link_bytes_after, bool(tcp_flows)))
     if w.fsdp:
         doc["fsdp"] = _fsdp_summary(w, ranks, results)
     if trace is not None and w.collective in RINGS and w.options.qps == 1 and w.options.channels == 1 \
@@ -232,6 +235,25 @@ def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Pa
         pairs = {(t.src, t.dst) for op in ops[:1] for t in op.schedule.transfers}
         doc["fabric_paths"] = placement.fabric_paths(plan, trace, pairs, w.options.qps, w.options.sport)
     (out_dir / "results.json").write_text(json.dumps(doc, indent=1))
+    return doc
+
+
+def fabric_bytes(plan: LabPlan, ops: list[Op], before: dict, after: dict, tcp: bool) -> dict:
+    """Measured and expected bytes per fabric over the whole run (warm-up iterations included: the
+    counters saw them), and the expected bytes of one step (one iteration of every operation)."""
+    fmap, nodes = fabricmap.FabricMap(plan), gpu_ranks(plan)
+    expected, step = fabricmap.zeros(), fabricmap.zeros()
+    for op in ops:
+        e = fmap.expected(op.schedule.transfers, nodes)
+        for f, v in e.items():
+            expected[f] += v
+            step[f] += v if op.iteration == 0 and not op.warmup else 0
+    measured = fabricmap.measured(plan, before, after)
+    doc = {"fabric_bytes": measured, "fabric_bytes_expected": expected, "fabric_bytes_expected_step": step,
+           "fabric_bytes_check": fabricmap.compare(measured, expected)}
+    if tcp:
+        doc["fabric_bytes_note"] = "TCP flows are measured but not in the expected figure (their headers and " \
+                                   "ACKs depend on TCP's segmentation)"
     return doc
 
 
