@@ -58,3 +58,65 @@ def test_compare_flags_a_fabric_off_by_more_than_two_percent():
     assert not c["scaleup"]["agrees"] and c["scaleout"]["agrees"]
     c = fabricmap.compare({"scaleup": 1000, "scaleout": 50}, {"scaleup": 1000})
     assert not c["scaleout"]["agrees"]       # bytes where none were expected
+
+
+def test_an_nvl72_rack_is_one_island_across_its_servers_and_nvlink_5_is_the_default():
+    plan = plan_of("leaf-spine.yml", "servers=18", "scaleup_gpus=72", "dilation=32000")
+    fm, nodes = fabricmap.FabricMap(plan), gpu_ranks(plan)
+    assert len(nodes) == 72 and len({fm.island(n) for n in nodes.values()}) == 1
+    assert fm.hops(nodes[0], nodes[71]) == {"scaleup": 2, "scaleout": 0, "scaleacross": 0, "frontend": 0}
+    nvl = [lk for lk in plan.links if lk.fabric == "nvlink"]
+    assert len(nvl) == 72 and {lk.rate_bps for lk in nvl} == {7200 * 10**9}      # 900 GB/s one way
+    n4 = plan_of("leaf-spine.yml", "nvlink=4")
+    assert {lk.rate_bps for lk in n4.links if lk.fabric == "nvlink"} == {3600 * 10**9}
+
+
+def test_a_1024_gpu_nvlink_domain_plans():
+    plan = plan_of("leaf-spine.yml", "servers=256", "scaleup_gpus=1024", "leaves=8", "spines=4", "dilation=32000")
+    fm, nodes = fabricmap.FabricMap(plan), gpu_ranks(plan)
+    assert len(nodes) == 1024
+    assert [n.name for n in plan.nodes if n.kind == "nvswitch"] == ["nvl1-nvs"]
+    assert fm.hops(nodes[0], nodes[1023])["scaleup"] == 2
+
+
+@pytest.mark.parametrize("sets", [("scaleup_gpus=6",), ("scaleup_gpus=2",), ("servers=3", "scaleup_gpus=8")])
+def test_nvlink_domains_that_do_not_fit_the_servers_are_refused(sets):
+    from labctl.errors import InputError
+    with pytest.raises(InputError):
+        plan_of("leaf-spine.yml", *sets)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 8, 9, 16, 72])
+def test_double_binary_tree_sends_what_its_formula_gives(n):
+    from labctl.traffic import algorithms
+    size = 4 << 20
+    s = algorithms.tree_all_reduce(list(range(n)), size)
+    sent = s.bytes_sent()
+    formula = algorithms.tree_bytes_per_rank(n, size)
+    for p in range(n):
+        assert abs(sent[p] - formula[p]) <= 0.01 * formula[p]
+    # on average 2(n-1)/n x S per rank, as a ring; no rank sends more than 2 S
+    assert sum(formula) == pytest.approx(2 * (n - 1) * size, rel=1e-6) and max(formula) <= 2 * size
+    for parents in algorithms.dtree_parents(n):
+        assert parents.count(-1) == 1
+    if n > 2:       # an interior rank of one tree is a leaf of the other
+        t0, t1 = algorithms.dtree_parents(n)
+        interior = [{p for p in t if p >= 0} for t in (t0, t1)]
+        assert len(interior[0] & interior[1]) <= 1
+
+
+def test_ring_sends_2_n_minus_1_over_n():
+    s = sch.ring_all_reduce(list(range(8)), 8 << 20)
+    assert set(s.bytes_sent().values()) == {2 * 7 * (8 << 20) // 8}
+
+
+def test_auto_picks_hier_across_nvlink_islands_and_tree_for_small_flat_all_reduces():
+    from labctl.traffic import algorithms
+    plan = plan_of("leaf-spine.yml")
+    ranks = sorted(gpu_ranks(plan))
+    assert algorithms.choose(plan, ranks, 64 << 20, sch.DEFAULT_SLICE, 1, 0) == "hier"
+    flat = plan_of("leaf-spine.yml", "scale_up=false", "servers=8")
+    r = sorted(gpu_ranks(flat))
+    assert algorithms.choose(flat, r, 64 << 10, 4096, 1, 14000) == "tree"     # latency-bound
+    # bandwidth alone: a ring's busiest NIC moves 2(n-1)/n S, a tree's interior rank 2 S
+    assert algorithms.choose(flat, r, 8 << 20, sch.DEFAULT_SLICE, 1, 0) == "ring"

@@ -16,7 +16,7 @@ from labctl.plan.model import LabPlan
 from labctl.state import LabDir
 from labctl.telemetry import ledger, linkbytes
 from labctl.telemetry.sampler import QueueSampler
-from labctl.traffic import fabricmap, flows, fsdp, placement, schedule as sch
+from labctl.traffic import algorithms, fabricmap, flows, fsdp, placement, schedule as sch
 from labctl.traffic.dcqcn import Params
 from labctl.traffic.tcpflow import FlowRun
 from labctl.traffic.pool import AgentPool, RunOptions, gpu_ranks, ideal_seconds, local_index
@@ -93,11 +93,8 @@ def build_ops(plan: LabPlan, loaded: LoadedWorkload, ranks: list[int]) -> list[O
         return ops
     for size in w.size_list():
         for it in range(w.warmup + w.iterations):
-            if w.collective == "hier_all_reduce":
-                servers: dict[str, list[int]] = {}
-                for r in ranks:
-                    servers.setdefault(nodes[r].server or nodes[r].name, []).append(r)
-                s = sch.hierarchical_all_reduce(list(servers.values()), size, o.slice, o.channels)
+            if w.collective == "hier_all_reduce" or w.algorithm != "ring":
+                s = algorithms.schedule(plan, w.collective, w.algorithm, ranks, size, o.slice, o.channels, w.options.alpha)
             else:
                 s = sch.GENERATORS[w.collective](ranks, size, o.slice, o.channels)
             if w.victim:
@@ -286,7 +283,7 @@ def _result(plan: LabPlan, op: Op, ideal: float, reports: dict) -> dict:
     d = plan.dilation
     sent = s.bytes_sent()
     return {
-        "label": op.label, "collective": op.collective, "size": op.size, "n": n, "iteration": op.iteration,
+        "label": op.label, "collective": op.collective, "algorithm": s.algorithm, "size": op.size, "n": n, "iteration": op.iteration,
         "stage": op.stage, "time_s": t, "algbw_GBps": algbw, "busbw_GBps": algbw * factor, "ideal_s": ideal,
         "ratio": t / ideal if ideal else None, "wrong": wrong, "victim_s": victim_s,
         "timed_out": any(r["timed_out"] for r in reports.values()),

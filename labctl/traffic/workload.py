@@ -116,6 +116,9 @@ class Workload(Strict):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$", description="lower-case letters, digits, '-' and '_'")
     description: str = ""
     collective: Literal[COLLECTIVES] | None = Field(None, description="one of " + ", ".join(COLLECTIVES))
+    algorithm: Literal["ring", "tree", "hier", "auto"] = Field(
+        "ring", description="all_reduce's algorithm: ring, tree (NCCL's double binary tree), hier (NVLink "
+                            "first), auto (the fastest by the α-β bound, as NCCL's tuner picks)")
     sizes: Sweep | list[Size] | Size | None = None
     iterations: int = Field(1, ge=1)
     warmup: int = Field(0, ge=0)
@@ -132,6 +135,8 @@ class Workload(Strict):
             raise ValueError("give either collective: (with sizes:) or fsdp:, not both")
         if self.collective is None and self.fsdp is None and not self.flows:
             raise ValueError("give collective: (with sizes:), fsdp: or flows:")
+        if self.algorithm != "ring" and self.collective != "all_reduce":
+            raise ValueError(f"algorithm: {self.algorithm} applies to collective: all_reduce (the others are rings)")
         if self.collective and self.sizes is None:
             raise ValueError("a collective needs sizes: (e.g. sizes: 16MB, or {begin: 1MB, end: 64MB})")
         return self
