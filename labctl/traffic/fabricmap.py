@@ -50,6 +50,18 @@ def frame_bytes(nbytes: int, netdev_mtu: int) -> int:
     return total
 
 
+_MAPS: dict[int, "FabricMap"] = {}
+
+
+def for_plan(plan: LabPlan) -> "FabricMap":
+    """One map per plan object (bounds are computed per operation, the routes do not change)."""
+    m = _MAPS.get(id(plan))
+    if m is None or m.plan is not plan:
+        _MAPS.clear()
+        m = _MAPS[id(plan)] = FabricMap(plan)
+    return m
+
+
 class FabricMap:
     """The plan's links by fabric, the scale-up islands, and each GPU pair's links per fabric."""
 
@@ -122,13 +134,24 @@ class FabricMap:
                 todo.append(peer)
         if b.name not in parent:
             raise ValueError(f"no path from {a.name}:{ia.name} to {b.name}")
-        out = zeros()
+        out, delay = zeros(), 0
         n = b.name
         while n != a.name:
             prev, lid = parent[n]
             out[link_fabric(self.plan, self.links[lid])] += 1
+            delay += self.links[lid].lab_delay_ns
             n = prev
+        self._last_delay = delay / 1e9
         return out
+
+    def delay_s(self, a: Node, b: Node) -> float:
+        """Lab one-way propagation delay between two GPUs: the delays of the links on their route."""
+        ia, _ = path_ports(self.plan, a, b)
+        key = ("delay", a.name, ia.name, b.name)
+        if key not in self._paths:
+            self._route(a, ia, b)
+            self._paths[key] = self._last_delay
+        return self._paths[key]
 
     def expected(self, transfers, nodes: dict[int, Node]) -> dict[str, int]:
         """The frame bytes each fabric's links carry for these transfers (Transfer.src/dst are ranks)."""

@@ -70,6 +70,11 @@ def table(doc: dict) -> str:
     lines += flow_lines(doc.get("flows", []))
     from labctl.traffic.fabricmap import table as fabric_table
     lines += fabric_table(doc)
+    slow = doc.get("slow_run")
+    if slow:
+        lines.append(f"# {slow['ratio']:.1f}x the latency-aware bound ({slow['time_s']:.2f} s against "
+                     f"{slow['bound_s']:.2f} s): where the rest went")
+        lines += [f"#  - {c}" for c in slow["causes"]]
     return "\n".join(lines)
 
 

@@ -16,10 +16,10 @@ from labctl.plan.model import LabPlan
 from labctl.state import LabDir
 from labctl.telemetry import ledger, linkbytes
 from labctl.telemetry.sampler import QueueSampler
-from labctl.traffic import algorithms, fabricmap, flows, fsdp, placement, schedule as sch
+from labctl.traffic import algorithms, causes, fabricmap, flows, fsdp, placement, schedule as sch
 from labctl.traffic.dcqcn import Params
 from labctl.traffic.tcpflow import FlowRun
-from labctl.traffic.pool import AgentPool, RunOptions, gpu_ranks, ideal_seconds, local_index
+from labctl.traffic.pool import AgentPool, RunOptions, bound_parts, gpu_ranks, local_index
 from labctl.traffic.workload import LoadedWorkload
 
 
@@ -185,14 +185,15 @@ def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Pa
         sampler = QueueSampler(plan, out_dir / "queues.csv", lab_path=lab.path).start()
         tcp = FlowRun(tcp_flows).start() if tcp_flows else None
         for k, op in enumerate(ops):
-            ideal = ideal_seconds(plan, op.schedule, nodes, alpha)
+            bound = bound_parts(plan, op.schedule, nodes, alpha)
+            ideal = bound["total_s"]
             timeout, quiet = time_outs(w.options.timeout, ideal)
             reports = pool.run(op.schedule, k, timeout, quiet)
             if progress:
                 progress(k + 1, len(ops), op.label)
             if op.warmup:
                 continue
-            results.append(_result(plan, op, ideal, reports))
+            results.append({**_result(plan, op, ideal, reports), "bound": bound})
         if tcp is not None and not ops:
             tcp.wait(w.options.timeout / 1e9 if w.options.timeout else None)
     except BaseException:       # whatever had started stops: watchers, sampler, flows, agents
@@ -231,6 +232,7 @@ def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Pa
             and w.options.sport != "random" and w.options.qps * len(ranks) <= MAX_TRACED_FLOWS:
         pairs = {(t.src, t.dst) for op in ops[:1] for t in op.schedule.transfers}
         doc["fabric_paths"] = placement.fabric_paths(plan, trace, pairs, w.options.qps, w.options.sport)
+    doc["slow_run"] = causes.explain(doc, out_dir / "queues.csv")
     (out_dir / "results.json").write_text(json.dumps(doc, indent=1))
     return doc
 
