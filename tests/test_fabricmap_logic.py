@@ -120,3 +120,19 @@ def test_auto_picks_hier_across_nvlink_islands_and_tree_for_small_flat_all_reduc
     assert algorithms.choose(flat, r, 64 << 10, 4096, 1, 14000) == "tree"     # latency-bound
     # bandwidth alone: a ring's busiest NIC moves 2(n-1)/n S, a tree's interior rank 2 S
     assert algorithms.choose(flat, r, 8 << 20, sch.DEFAULT_SLICE, 1, 0) == "ring"
+
+
+def test_fabric_load_plot_sums_each_fabrics_ports(tmp_path):
+    from labctl.experiment import plots
+    plan = plan_of("leaf-spine.yml")
+    head = "t_s,node,port,class,tc,depth_bytes,sent_bytes,sent_packets,drops,ecn_marked,pfc_tx,pfc_rx,paused_s\n"
+    nv = plan.node("srv1-gpu0").interfaces
+    nvl = next(i for i in nv if i.fabric == "nvlink").name
+    be = next(i for i in nv if i.fabric == "backend").name
+    rows = [f"0.0,srv1-gpu0,{nvl},roce,3,0,0,0,0,0,0,0,0", f"0.5,srv1-gpu0,{nvl},roce,3,0,1000000,1,0,0,0,0,0",
+            f"0.0,srv1-gpu0,{be},roce,3,0,0,0,0,0,0,0,0", f"0.5,srv1-gpu0,{be},roce,3,0,250000,1,0,0,0,0,0"]
+    (tmp_path / "queues.csv").write_text(head + "\n".join(rows) + "\n")
+    s = plots.fabric_load(tmp_path, plan, tmp_path / "f.png")
+    assert sum(s["scaleup"][1]) * 0.1 / 8 * 1e6 == pytest.approx(1_000_000)
+    assert sum(s["scaleout"][1]) * 0.1 / 8 * 1e6 == pytest.approx(250_000)
+    assert (tmp_path / "f.png").stat().st_size > 0

@@ -194,7 +194,8 @@ def draw(plan, runs: dict[str, Path], out: Path) -> dict[str, list[str]]:
         drawings = [("queue_depth.png", lambda p: plots.queue_depth(run_dir, plan, p)),
                     ("throughput.png", lambda p: plots.throughput(run_dir, p)),
                     ("ecmp_balance.png", lambda p: plots.ecmp_balance(run_dir, plan, p)),
-                    ("pauses_marks.png", lambda p: plots.pauses_and_marks(run_dir, p))]
+                    ("pauses_marks.png", lambda p: plots.pauses_and_marks(run_dir, p)),
+                    ("fabric_load.png", lambda p: plots.fabric_load(run_dir, plan, p))]
         if doc["results"]:
             drawings += [("timeline.png", lambda p: plots.timeline(run_dir, p)),
                          ("sender_rates.png", lambda p: plots.sender_rates(run_dir, p))]
