@@ -136,3 +136,13 @@ def test_fabric_load_plot_sums_each_fabrics_ports(tmp_path):
     assert sum(s["scaleup"][1]) * 0.1 / 8 * 1e6 == pytest.approx(1_000_000)
     assert sum(s["scaleout"][1]) * 0.1 / 8 * 1e6 == pytest.approx(250_000)
     assert (tmp_path / "f.png").stat().st_size > 0
+
+
+def test_an_algorithm_on_a_ring_only_collective_is_a_located_error(tmp_path):
+    from labctl.errors import InputError
+    from labctl.traffic.workload import load_workload
+    f = tmp_path / "w.yml"
+    f.write_text("name: x\ncollective: all_gather\nalgorithm: tree\nsizes: [1MB]\n")
+    with pytest.raises(InputError) as e:
+        load_workload(f)
+    assert e.value.where.line == 3 and "applies to collective: all_reduce" in str(e.value)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from labctl.errors import InputError
 from labctl.topology.load import input_error
@@ -129,14 +129,19 @@ class Workload(Strict):
     flows: list[Flow] = Field(default_factory=list, description="TCP flows started with the collectives")
     victim: Victim | None = Field(None, description="a sendrecv played beside each collective; its time is reported")
 
+    @field_validator("algorithm")
+    @classmethod
+    def algorithm_of_all_reduce(cls, value, info):
+        if value != "ring" and info.data.get("collective") != "all_reduce":
+            raise ValueError(f"{value} applies to collective: all_reduce (the others are rings)")
+        return value
+
     @model_validator(mode="after")
     def one_kind(self):
         if self.collective is not None and self.fsdp is not None:
             raise ValueError("give either collective: (with sizes:) or fsdp:, not both")
         if self.collective is None and self.fsdp is None and not self.flows:
             raise ValueError("give collective: (with sizes:), fsdp: or flows:")
-        if self.algorithm != "ring" and self.collective != "all_reduce":
-            raise ValueError(f"algorithm: {self.algorithm} applies to collective: all_reduce (the others are rings)")
         if self.collective and self.sizes is None:
             raise ValueError("a collective needs sizes: (e.g. sizes: 16MB, or {begin: 1MB, end: 64MB})")
         return self
