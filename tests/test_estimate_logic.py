@@ -49,7 +49,7 @@ def test_the_bundled_lab_and_its_model_agree_on_the_fabric():
     plan = compile_plan(load_topology(LEAF_SPINE))
     lab, spines = labrun.fabric_from_plan(plan)
     model = Clos.leaf_spine(spines=2, leaves=4, servers=2, gpus_per_server=4, gpu_bps=400e9 / plan.dilation,
-                            nvlink_bps=3600e9 / plan.dilation)
+                            nvlink_bps=7200e9 / plan.dilation)
     assert spines == ["spine1", "spine2"]
     assert list(lab.leaf_of) == list(model.leaf_of)
     assert (lab.nic_bps, lab.uplink_bps, lab.nvlink_bps) == pytest.approx((model.nic_bps, model.uplink_bps,
@@ -186,7 +186,7 @@ def test_estimate_cli_is_a_model_and_says_so(tmp_path):
     doc = json.loads(res.output)
     assert "model, not an emulation" in doc["note"]
     g, s, size = 8, 2048, 1e9
-    nic, nvl = payload_Bps(400e9), payload_Bps(3600e9)
+    nic, nvl = payload_Bps(400e9), payload_Bps(7200e9)   # NVLink 5, the default
     bound = 2 * (g - 1) * (3.4e-6 + size / g / nvl) + 2 * (s - 1) * (14e-6 + size / g / s / nic)
     assert doc["bound_s"] == pytest.approx(bound, rel=1e-6)
     assert doc["bound_s"] <= doc["p50_s"] <= doc["p99_s"] <= doc["worst_s"]

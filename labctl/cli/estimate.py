@@ -16,7 +16,7 @@ from labctl.errors import LabError
 @click.option("--radix", type=int, default=64, show_default=True,
               help="ports per switch: two tiers up to radix²/2 GPUs, three up to radix³/4")
 @click.option("--rate", default="400G", show_default=True, help="each GPU's scale-out NIC (and every fabric link)")
-@click.option("--nvlink", default="3600G", show_default=True, help="each GPU's scale-up rate (0: none)")
+@click.option("--nvlink", default="7200G", show_default=True, help="each GPU's scale-up rate, one way (7200G: NVLink 5; 3600G: NVLink 4; 0: none)")
 @click.option("--collective", type=click.Choice(["all_reduce", "reduce_scatter", "all_gather", "hier_all_reduce"]),
               default="hier_all_reduce", show_default=True)
 @click.option("--size", default="1GB", show_default=True, help="the buffer, as nccl-tests' size")

@@ -44,7 +44,7 @@ class Clos:
 
     @classmethod
     def leaf_spine(cls, spines: int, leaves: int, servers: int, gpus_per_server: int, rail_optimised: bool = True,
-                   gpu_bps: float = 400e9, nvlink_bps: float = 3600e9, oversubscription: float = 1.0,
+                   gpu_bps: float = 400e9, nvlink_bps: float = 7200e9, oversubscription: float = 1.0,
                    scale_up: bool = True) -> "Clos":
         """templates/leaf-spine with the same variables (and the same leaf of each GPU)."""
         if rail_optimised and leaves % gpus_per_server:
@@ -61,7 +61,7 @@ class Clos:
 
     @classmethod
     def for_gpus(cls, gpus: int, gpus_per_server: int = 8, radix: int = 64, gpu_bps: float = 400e9,
-                 nvlink_bps: float = 3600e9) -> "Clos":
+                 nvlink_bps: float = 7200e9) -> "Clos":
         """A non-blocking rail-optimised fat tree for `gpus` GPUs from `radix`-port switches."""
         if radix < 4 or radix % 2:
             raise InputError(OPTION("--radix"), f"{radix}: a switch needs an even number of ports, at least 4",

@@ -166,3 +166,27 @@ def sender_rates(run_dir: Path, path: Path, result: int = 0, window: float = 0.5
         ax.plot(t, y, label=f"rank {rank} {doc['nodes'].get(rank, '')}")
     _save(fig, ax, f"Sender rates, {window:g} s windows", "lab time (s)", "Mbit/s (lab)", path)
     return series
+
+
+def fabric_load(run_dir: Path, plan: LabPlan, path: Path, bin_s: float = 0.1) -> Series:
+    """Mbit/s each fabric's links carry over the run (every port's egress, both ends of each link),
+    in bins of `bin_s` lab seconds: the sum of what results.json's fabric_bytes counts."""
+    from labctl.traffic.fabricmap import FABRICS, FabricMap
+    rows = _rows(run_dir)
+    fabric_of = FabricMap(plan).port_fabrics()
+    end = max(float(r["t_s"]) for rs in rows.values() for r in rs)
+    times = [k * bin_s for k in range(int(end / bin_s) + 2)]
+    totals = {f: [0.0] * len(times) for f in FABRICS}
+    for (node, port, _), rs in rows.items():
+        f = fabric_of.get((node, port))
+        if f is not None:
+            totals[f] = [a + b for a, b in zip(totals[f], _cumulative_at(rs, "sent_bytes", times))]
+    series: Series = {}
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for f in FABRICS:
+        rate = [(b - a) * 8 / bin_s / 1e6 for a, b in zip(totals[f], totals[f][1:])]
+        if any(rate):
+            series[f] = (times[1:], rate)
+            ax.plot(times[1:], rate, label=f)
+    _save(fig, ax, f"Load per fabric ({bin_s:g} s bins)", "lab time (s)", "Mbit/s (lab), all links", path)
+    return series

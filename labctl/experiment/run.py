@@ -197,7 +197,8 @@ def draw(plan, runs: dict[str, Path], out: Path) -> dict[str, list[str]]:
         drawings = [("queue_depth.png", lambda p: plots.queue_depth(run_dir, plan, p)),
                     ("throughput.png", lambda p: plots.throughput(run_dir, p)),
                     ("ecmp_balance.png", lambda p: plots.ecmp_balance(run_dir, plan, p)),
-                    ("pauses_marks.png", lambda p: plots.pauses_and_marks(run_dir, p))]
+                    ("pauses_marks.png", lambda p: plots.pauses_and_marks(run_dir, p)),
+                    ("fabric_load.png", lambda p: plots.fabric_load(run_dir, plan, p))]
         if any(lk.wire for lk in plan.links):
             # the run's own plan: a sweep over the WAN buffer builds each point's lab anew
             drawings.append(("wan_queue.png", lambda p: wan.wan_queue_plot(run_dir, LabPlan.from_dict(

@@ -61,15 +61,16 @@ def trace_path(plan: LabPlan, start: str, dest: str, sport: int | None, dport: i
 
 def ping_pairs(plan: LabPlan, fabric: str | None = None) -> list[tuple]:
     """(from node, to node, to port) for every pair of end hosts that share a fabric; a fabric with
-    islands (NVLink) pairs only hosts of one island (one server)."""
+    islands (NVLink) pairs only hosts of one island (one server, or one NVLink switch's)."""
     pairs = []
     for f, spec in plan.fabrics.items():
         if fabric and f != fabric:
             continue
         members = [(n, i) for n in plan.nodes if node_kind(n.kind).end_host for i in n.interfaces if i.fabric == f]
         island = fabric_kind(spec.kind).islands
-        pairs += [(a, b, bi) for a, _ in members for b, bi in members
-                  if a.name != b.name and (not island or getattr(a, island) == getattr(b, island))]
+        pairs += [(a, b, bi) for a, ai in members for b, bi in members
+                  if a.name != b.name and (not island or getattr(a, island) == getattr(b, island)
+                                           or ai.peer_node == bi.peer_node)]
     return pairs
 
 

@@ -51,8 +51,9 @@ def path_ports(plan: LabPlan, a: Node, b: Node) -> tuple[Interface, Interface]:
         for ib in b.interfaces:
             if ia.fabric == ib.fabric:
                 kind = fabric_kind(plan.fabrics[ia.fabric].kind)
-                if kind.islands and getattr(a, kind.islands) != getattr(b, kind.islands):
-                    continue                       # an NVLink domain ends at its server
+                if kind.islands and getattr(a, kind.islands) != getattr(b, kind.islands) \
+                        and ia.peer_node != ib.peer_node:
+                    continue    # an NVLink domain ends at its server, or at its NVLink switch (a rack's NVL72)
                 shared.append((kind.path_rank, ia, ib))
     if not shared:
         raise LabError(f"{a.name} and {b.name} share no fabric", "cable both to the same fabric")
@@ -235,8 +236,17 @@ def payload_rate(plan: LabPlan, iface: Interface) -> float:
 
 def ideal_seconds(plan: LabPlan, schedule: Schedule, nodes: dict[int, Node], alpha_s: float = 0.0) -> float:
     """The α-β bound: per phase, the busiest NIC's payload bytes over its own payload rate (so NVLink
-    and Ethernet hops each count at their speed), plus α per step; phases run one after another."""
-    total = 0.0
+    and Ethernet hops each count at their speed), plus α per step; phases run one after another. To
+    that it adds the propagation delay of the longest chain of transfers that wait for one another
+    (each step waits for its slowest hop's data: across a WAN, for its distance)."""
+    return bound_parts(plan, schedule, nodes, alpha_s)["total_s"]
+
+
+def bound_parts(plan: LabPlan, schedule: Schedule, nodes: dict[int, Node], alpha_s: float = 0.0) -> dict:
+    """ideal_seconds, with its parts: bandwidth_s, alpha_s, propagation_s (lab seconds)."""
+    from labctl.traffic.fabricmap import for_plan
+    fmap = for_plan(plan)
+    parts = {"bandwidth_s": 0.0, "alpha_s": 0.0, "propagation_s": 0.0}
     phases: dict[str, list] = {}
     for t in schedule.transfers:
         phases.setdefault(t.phase, []).append(t)
@@ -250,5 +260,15 @@ def ideal_seconds(plan: LabPlan, schedule: Schedule, nodes: dict[int, Node], alp
                 load[key] = load.get(key, 0.0) + t.nbytes
                 rate[key] = payload_rate(plan, iface)
         steps = len({t.step for t in ts})
-        total += max(load[k] / rate[k] for k in load) + alpha_s * steps
-    return total
+        parts["bandwidth_s"] += max(load[k] / rate[k] for k in load)
+        parts["alpha_s"] += alpha_s * steps
+    # the longest chain of dependent transfers, each taking its path's propagation delay: a slice
+    # that goes round a ring crosses the WAN where the ring does, not at every step
+    delays = {pair: fmap.delay_s(nodes[pair[0]], nodes[pair[1]]) for pair in {(t.src, t.dst) for t in schedule.transfers}}
+    if any(delays.values()):
+        done: dict[int, float] = {}
+        for t in sorted(schedule.transfers, key=lambda x: x.id):
+            done[t.id] = max((done.get(d, 0.0) for d in t.after), default=0.0) + delays[(t.src, t.dst)]
+        parts["propagation_s"] = max(done.values())
+    parts["total_s"] = sum(parts.values())
+    return parts

@@ -27,7 +27,8 @@ def table(doc: dict) -> str:
     d = doc["dilation"]
     lines = [f"# labctl run {doc['workload']} on lab {doc['lab']}: {len(doc['ranks'])} ranks, dilation {d:g}"]
     if not rows:
-        return "\n".join(lines + flow_lines(doc.get("flows", [])))
+        from labctl.traffic.fabricmap import table as fabric_table
+        return "\n".join(lines + flow_lines(doc.get("flows", [])) + fabric_table(doc))
     lines += ["#  lab time (what the namespaces measured)                                      "
               "| real-fabric equivalent (lab time / dilation)",
               f"# {'size':>11} {'count':>11} {'type':>6} {'redop':>6} {'root':>5} {'time':>11} {'algbw':>7} "
@@ -69,6 +70,13 @@ def table(doc: dict) -> str:
         from labctl.telemetry.reaction import describe
         lines.append("# " + describe(doc["controller_reaction"]))
     lines += flow_lines(doc.get("flows", []))
+    from labctl.traffic.fabricmap import table as fabric_table
+    lines += fabric_table(doc)
+    slow = doc.get("slow_run")
+    if slow:
+        lines.append(f"# {slow['ratio']:.1f}x the latency-aware bound ({slow['time_s']:.2f} s against "
+                     f"{slow['bound_s']:.2f} s): where the rest went")
+        lines += [f"#  - {c}" for c in slow["causes"]]
     return "\n".join(lines)
 
 

@@ -14,12 +14,12 @@ from labctl.telemetry import reaction
 from labctl.errors import InputError, LabError, Where
 from labctl.plan.model import LabPlan
 from labctl.state import LabDir
-from labctl.telemetry import ledger
+from labctl.telemetry import ledger, linkbytes
 from labctl.telemetry.sampler import QueueSampler
-from labctl.traffic import flows, fsdp, placement, schedule as sch, train_run
+from labctl.traffic import algorithms, causes, fabricmap, flows, fsdp, placement, schedule as sch, train_run
 from labctl.traffic.dcqcn import Params
 from labctl.traffic.tcpflow import FlowRun
-from labctl.traffic.pool import AgentPool, RunOptions, gpu_ranks, ideal_seconds, local_index
+from labctl.traffic.pool import AgentPool, RunOptions, bound_parts, gpu_ranks, local_index
 from labctl.traffic.workload import LoadedWorkload
 
 
@@ -99,11 +99,8 @@ def build_ops(plan: LabPlan, loaded: LoadedWorkload, ranks: list[int]) -> list[O
         return ops
     for size in w.size_list():
         for it in range(w.warmup + w.iterations):
-            if w.collective == "hier_all_reduce":
-                servers: dict[str, list[int]] = {}
-                for r in ranks:
-                    servers.setdefault(nodes[r].server or nodes[r].name, []).append(r)
-                s = sch.hierarchical_all_reduce(list(servers.values()), size, o.slice, o.channels)
+            if w.collective == "hier_all_reduce" or w.algorithm != "ring":
+                s = algorithms.schedule(plan, w.collective, w.algorithm, ranks, size, o.slice, o.channels, w.options.alpha)
             else:
                 s = sch.GENERATORS[w.collective](ranks, size, o.slice, o.channels)
             if w.victim:
@@ -185,6 +182,7 @@ def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Pa
     with procs.realtime():
         losses_before = ledger.snapshot(plan, lab.path)
     reactions_before, since = reaction.read(lab.path), time.monotonic()
+    link_bytes_before = linkbytes.snapshot(plan)
     # only where a controller runs: the watchers cost a few % of a core, and only its reaction needs them
     stalls = StallWatch((lab.path / "pfc.json").exists()).start()
     pool = sampler = tcp = None
@@ -193,14 +191,17 @@ def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Pa
         sampler = QueueSampler(plan, out_dir / "queues.csv", lab_path=lab.path).start()
         tcp = FlowRun(tcp_flows).start() if tcp_flows else None
         for k, op in enumerate(ops):
-            ideal = ideal_seconds(plan, op.schedule, nodes, alpha) + op.compute_s
+            bound = bound_parts(plan, op.schedule, nodes, alpha)
+            if op.compute_s:        # a train: step computes between its transfers: no network is faster
+                bound = {**bound, "compute_s": op.compute_s, "total_s": bound["total_s"] + op.compute_s}
+            ideal = bound["total_s"]
             timeout, quiet = time_outs(w.options.timeout, ideal)
             reports = pool.run(op.schedule, k, timeout, quiet)
             if progress:
                 progress(k + 1, len(ops), op.label)
             if op.warmup:
                 continue
-            results.append(_result(plan, op, ideal, reports))
+            results.append({**_result(plan, op, ideal, reports), "bound": bound})
         if tcp is not None and not ops:
             tcp.wait(w.options.timeout / 1e9 if w.options.timeout else None)
     except BaseException:       # whatever had started stops: watchers, sampler, flows, agents
@@ -215,6 +216,7 @@ def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Pa
     flow_results = tcp.close() if tcp is not None else []
     series = sampler.close()
     counters = pool.close() if pool is not None else {}
+    link_bytes_after = linkbytes.snapshot(plan)
     gaps = sum(q["gaps"] for c in counters.values() for q in c.get("rx", []))
     with procs.realtime():
         losses = ledger.ledger(losses_before, ledger.snapshot(plan, lab.path), plan, gaps)
@@ -227,14 +229,16 @@ def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Pa
            "counters": {str(r): c for r, c in counters.items()}, "queue_series": series,
            "flows": [f for f in flow_results if f["received"] or f["error"]], "loss_ledger": losses,
            "controller_reaction": reactions}
+    doc.update(fabric_bytes(plan, ops, link_bytes_before, link_bytes_after, bool(tcp_flows)))
     if w.fsdp:
         doc["fsdp"] = _fsdp_summary(w, ranks, results)
     if w.train:
         first = next(k for k, op in enumerate(ops) if not op.warmup)
         doc["train"] = train_run.summary(plan, train_run.step_config(plan, loaded, ranks), ops[first].schedule,
                                          results[0], ops[first].compute_s)
+        # top-level fabric_bytes_expected stays in the ports' unit (each link's frames, as measured);
+        # train's own per-fabric payload figures stay in doc["train"]
         doc["dim_bytes"] = doc["train"]["dim_bytes"]
-        doc["fabric_bytes_expected"] = doc["train"]["fabric_bytes_expected"]
     if trace is not None and w.collective in RINGS and w.options.qps == 1 and w.options.channels == 1 \
             and w.options.sport == "per-qp":
         hops = placement.ring_hops(plan, trace, ranks)
@@ -243,7 +247,27 @@ def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Pa
             and w.options.sport != "random" and w.options.qps * len(ranks) <= MAX_TRACED_FLOWS:
         pairs = {(t.src, t.dst) for op in ops[:1] for t in op.schedule.transfers}
         doc["fabric_paths"] = placement.fabric_paths(plan, trace, pairs, w.options.qps, w.options.sport)
+    doc["slow_run"] = causes.explain(doc, out_dir / "queues.csv")
     (out_dir / "results.json").write_text(json.dumps(doc, indent=1))
+    return doc
+
+
+def fabric_bytes(plan: LabPlan, ops: list[Op], before: dict, after: dict, tcp: bool) -> dict:
+    """Measured and expected bytes per fabric over the whole run (warm-up iterations included: the
+    counters saw them), and the expected bytes of one step (one iteration of every operation)."""
+    fmap, nodes = fabricmap.FabricMap(plan), gpu_ranks(plan)
+    expected, step = fabricmap.zeros(), fabricmap.zeros()
+    for op in ops:
+        e = fmap.expected(op.schedule.transfers, nodes)
+        for f, v in e.items():
+            expected[f] += v
+            step[f] += v if op.iteration == 0 and not op.warmup else 0
+    measured = fabricmap.measured(plan, before, after)
+    doc = {"fabric_bytes": measured, "fabric_bytes_expected": expected, "fabric_bytes_expected_step": step,
+           "fabric_bytes_check": fabricmap.compare(measured, expected)}
+    if tcp:
+        doc["fabric_bytes_note"] = "TCP flows are measured but not in the expected figure (their headers and " \
+                                   "ACKs depend on TCP's segmentation)"
     return doc
 
 
@@ -276,7 +300,7 @@ def _result(plan: LabPlan, op: Op, ideal: float, reports: dict) -> dict:
     d = plan.dilation
     sent = s.bytes_sent()
     return {
-        "label": op.label, "collective": op.collective, "size": op.size, "n": n, "iteration": op.iteration,
+        "label": op.label, "collective": op.collective, "algorithm": s.algorithm, "size": op.size, "n": n, "iteration": op.iteration,
         "stage": op.stage, "time_s": t, "algbw_GBps": algbw, "busbw_GBps": algbw * factor, "ideal_s": ideal,
         "ratio": t / ideal if ideal else None, "wrong": wrong, "victim_s": victim_s,
         "timed_out": any(r["timed_out"] for r in reports.values()),

@@ -34,6 +34,7 @@ class Schedule:
     ranks: list[int]
     size: int                      # nccl-tests' size: the whole buffer (per rank for all_to_all)
     transfers: list[Transfer] = field(default_factory=list)
+    algorithm: str = "ring"        # all-reduce: ring, tree or hier (traffic/algorithms.py)
 
     def bytes_sent(self) -> dict[int, int]:
         out = {r: 0 for r in self.ranks}

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from labctl.errors import InputError
 from labctl.topology.load import input_error
@@ -116,6 +116,9 @@ class Workload(Strict):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]*$", description="lower-case letters, digits, '-' and '_'")
     description: str = ""
     collective: Literal[COLLECTIVES] | None = Field(None, description="one of " + ", ".join(COLLECTIVES))
+    algorithm: Literal["ring", "tree", "hier", "auto"] = Field(
+        "ring", description="all_reduce's algorithm: ring, tree (NCCL's double binary tree), hier (NVLink "
+                            "first), auto (the fastest by the α-β bound, as NCCL's tuner picks)")
     sizes: Sweep | list[Size] | Size | None = None
     iterations: int = Field(1, ge=1)
     warmup: int = Field(0, ge=0)
@@ -126,6 +129,13 @@ class Workload(Strict):
     train: train_spec.TrainSpec | None = Field(None, description="one Megatron-style training step (docs/parallelism.md)")
     flows: list[Flow] = Field(default_factory=list, description="TCP flows started with the collectives")
     victim: Victim | None = Field(None, description="a sendrecv played beside each collective; its time is reported")
+
+    @field_validator("algorithm")
+    @classmethod
+    def algorithm_of_all_reduce(cls, value, info):
+        if value != "ring" and info.data.get("collective") != "all_reduce":
+            raise ValueError(f"{value} applies to collective: all_reduce (the others are rings)")
+        return value
 
     @model_validator(mode="after")
     def one_kind(self):
