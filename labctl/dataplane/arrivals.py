@@ -172,7 +172,7 @@ class Counters:
 
 
 def setup(switches) -> "Bounds":
-    """Counters on every controlled port of `switches` (controller.Switch), and their bounds."""
+    """Counters on every controlled port of `switches` (dataplane/switch.py), and their bounds."""
     bases, ports_of, n = {}, [], 0
     for k, sw in enumerate(switches):
         names = {i.index: i.name for i in sw.node.interfaces}
@@ -232,7 +232,7 @@ class Bounds:
         self.bound = self.backlog.copy()
 
     def set_from(self, switches, shared_buffer: bool) -> None:
-        """Each queue's limits from its switch's settings (controller.Switch): the threshold is Kmin
+        """Each queue's limits from its switch's settings (dataplane/switch.py): the threshold is Kmin
         where it marks and XOFF where it pauses, the floor Kmin and XON; under a shared buffer any
         depth, since its XOFF falls as the other queues fill."""
         for sw in switches:
