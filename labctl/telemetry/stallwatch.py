@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 
-# Every 5 ms: 1 ms cost ~6% of a core per watcher here (and several times that on an emulated CPU).
+# Every 5 ms: a shorter period costs a watcher a noticeable share of a core (docs/design.md §8).
 # A stall that starts within a sleep is seen up to one period short, so the controller's own part
 # comes out up to 5 ms too long, never too short.
 PERIOD_MS = 5
