@@ -90,7 +90,7 @@ class MininetBackend(NetnsBackend):
     def _start_mininet(self, plan: LabPlan, lab: LabDir, progress: Progress) -> None:
         spec = {"nodes": [{"name": n.name, "netns": n.namespace} for n in plan.nodes], "links": []}
         for lk in plan.links:
-            (a, ia), (b, ib) = lk.a.split(":"), lk.b.split(":")
+            (a, ia), (b, ib) = lk.ends
             spec["links"].append({"a": a, "a_if": ia, "a_mac": plan.node(a).iface(ia).mac,
                                   "b": b, "b_if": ib, "b_mac": plan.node(b).iface(ib).mac})
         log = open(lab.path / "mininet.log", "w")
