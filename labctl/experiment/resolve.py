@@ -61,7 +61,14 @@ def _workload(smap, key: tuple, plan: LabPlan, loaded, inline: bool) -> None:
         victim_ranks(plan, loaded)
         flows.sequences(plan, w.flows, str(loaded.file))
     except InputError as exc:
-        if not inline or exc.where is None:
+        if not inline:
             raise
-        inner = tuple(int(p) if p.isdigit() else p for p in (exc.where.key or "").replace("[", ".").replace("]", "").split(".") if p)
-        raise InputError(smap.where(key + inner), exc.message, exc.fix) from None
+        raise in_experiment(smap, key, exc) from None
+
+
+def in_experiment(smap, key: tuple, exc: InputError) -> InputError:
+    """An inline workload's error, located at its key inside the experiment's step `key` (the
+    workload file labctl wrote from it is a copy the user never saw)."""
+    dotted = (exc.where.key if exc.where is not None else None) or ""
+    inner = tuple(int(p) if p.isdigit() else p for p in dotted.replace("[", ".").replace("]", "").split(".") if p)
+    return InputError(smap.where(key + inner), exc.message, exc.fix)

@@ -20,7 +20,7 @@ from labctl.errors import InputError, LabError
 from labctl.paths import is_dir
 from labctl.experiment import plots
 from labctl.experiment.metrics import run_metrics
-from labctl.experiment.resolve import resolve
+from labctl.experiment.resolve import in_experiment, resolve
 from labctl.experiment.spec import METRICS, Experiment, TcStep, load_experiment
 from labctl.traffic.run import run_workload
 from labctl.traffic.workload import LoadedWorkload, load_workload
@@ -47,7 +47,10 @@ def prepare(path: Path, out: Path, sets: list[str] = ()) -> tuple[Experiment, st
         if isinstance(step.run, dict):
             inline = out / f"workload-{step.as_ or k + 1}.yml"
             inline.write_text(yaml.safe_dump(step.run, sort_keys=False))
-            workloads[k] = load_workload(inline)
+            try:
+                workloads[k] = load_workload(inline)
+            except InputError as exc:
+                raise in_experiment(smap, ("steps", k, "run"), exc) from None
         else:
             workloads[k] = load_workload(path.parent / step.run)
     for value in exp.sweep.values if exp.sweep else [None]:
