@@ -80,13 +80,30 @@ def start(lab, module: str, log_name: str, what: str) -> int:
                          start_new_session=True)
     lab.journal("pid", procs.identity(p.pid))
     procs.prioritise(p.pid)
-    line = p.stdout.readline()
-    if line.strip() != "ready":
-        p.kill()
-        p.wait()
-        raise LabError(f"{what} did not start: {(lab.path / f'{log_name}.log').read_text()[-500:]}")
+    await_ready(p, what, lab.path / f"{log_name}.log")
     p.stdout.close()
     return p.pid
+
+
+READY = "ready"
+
+
+def say_ready() -> None:
+    """A helper's side of the handshake: it holds what it needs and serves from now on."""
+    print(READY, flush=True)
+
+
+def await_ready(p: subprocess.Popen, what: str, log: Path | None = None, tail: int = 500) -> None:
+    """The starter's side: read `p`'s stdout (text) until it says "ready". If it ends first, `p` is
+    killed and LabError names `what` with the end of its `log`."""
+    for line in p.stdout:
+        if line.strip() == READY:
+            return
+    p.kill()
+    p.wait()
+    p.stdout.close()
+    said = log.read_text()[-tail:] if log is not None and log.exists() else f"exit status {p.returncode}"
+    raise LabError(f"{what} did not start: {said}")
 
 
 def serve(make) -> None:
@@ -99,7 +116,7 @@ def serve(make) -> None:
     gc.freeze()
     # `down` stops a helper with SIGTERM: unwind, so that it can release its sockets in bulk
     signal.signal(signal.SIGTERM, _exit_on_term)
-    print("ready", flush=True)
+    say_ready()
     try:
         helper.run()
     finally:

@@ -51,10 +51,11 @@ def argv(command: str, lab: str) -> list[str]:
         words = [sys.executable, "-m", "labctl", *words[1:]]
         if words[3] == "up":
             words += ["--name", lab]
-    return words
+    # run from a temporary directory (a run's results go to ./runs): the README's paths are the repo's
+    return [str(ROOT / w) if "/" in w and (ROOT / w).exists() else w for w in words]
 
 
-def test_the_quick_start_runs_as_written(state_dir, lab_name):
+def test_the_quick_start_runs_as_written(state_dir, lab_name, tmp_path):
     require_root()
     env = {**os.environ, "LABCTL_STATE_DIR": str(state_dir), "COLUMNS": "200"}
     blocks = quick_start_blocks()
@@ -63,7 +64,7 @@ def test_the_quick_start_runs_as_written(state_dir, lab_name):
     try:
         for steps in blocks:
             for command, quoted in steps:
-                r = subprocess.run(argv(command, lab_name), capture_output=True, text=True, cwd=ROOT, env=env,
+                r = subprocess.run(argv(command, lab_name), capture_output=True, text=True, cwd=tmp_path, env=env,
                                    timeout=300)
                 assert r.returncode == 0, (command, r.stdout[-2000:], r.stderr[-2000:])
                 printed = r.stdout.splitlines()

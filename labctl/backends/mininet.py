@@ -23,7 +23,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from labctl import procs
+from labctl import helpers, procs
 from labctl.kernel import neighbours, netconf, nsutil, rps, rtnl, wires
 from labctl.backends.base import Progress, quiet
 from labctl.backends.netns import NetnsBackend
@@ -33,7 +33,6 @@ from labctl.state import LabDir
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 SCRIPT = Path(__file__).with_name("mininet_net.py")
-READY_TIMEOUT_S = 600
 
 
 def available() -> str | None:
@@ -90,7 +89,7 @@ class MininetBackend(NetnsBackend):
     def _start_mininet(self, plan: LabPlan, lab: LabDir, progress: Progress) -> None:
         spec = {"nodes": [{"name": n.name, "netns": n.namespace} for n in plan.nodes], "links": []}
         for lk in plan.links:
-            (a, ia), (b, ib) = lk.a.split(":"), lk.b.split(":")
+            (a, ia), (b, ib) = lk.ends
             spec["links"].append({"a": a, "a_if": ia, "a_mac": plan.node(a).iface(ia).mac,
                                   "b": b, "b_if": ib, "b_mac": plan.node(b).iface(ib).mac})
         log = open(lab.path / "mininet.log", "w")
@@ -101,16 +100,7 @@ class MininetBackend(NetnsBackend):
         p.stdin.write(json.dumps(spec))
         p.stdin.close()
         progress("mininet", 0, len(plan.nodes))
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        line = ""
-        while time.monotonic() < deadline and p.poll() is None:
-            line = p.stdout.readline()
-            if line.strip() == "ready" or not line:
-                break
-        if line.strip() != "ready":
-            p.kill()
-            p.wait()
-            raise LabError(f"Mininet did not build the lab: {(lab.path / 'mininet.log').read_text()[-800:]}")
+        helpers.await_ready(p, "Mininet (building the lab)", lab.path / "mininet.log", tail=800)
         p.stdout.close()
         progress("mininet", len(plan.nodes), len(plan.nodes))
 

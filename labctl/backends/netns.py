@@ -107,8 +107,7 @@ class NetnsBackend(Backend):
                 for request, what in wires.veths(plan, link, ns_fds, ns_fds):
                     batch.add(request, f"creating {what}")
                 continue
-            a_node, a_if = link.a.split(":")
-            b_node, b_if = link.b.split(":")
+            (a_node, a_if), (b_node, b_if) = link.ends
             a = plan.node(a_node).iface(a_if)
             b = plan.node(b_node).iface(b_if)
             batch.add(rtnl.veth(a.name, a.index, a.mac, a.mtu, handles[a_node].ns_fd,

@@ -26,8 +26,6 @@ from __future__ import annotations
 import mmap
 import os
 import re
-import socket
-import struct
 
 import numpy as np
 
@@ -45,10 +43,6 @@ STRIDE = CLASSES + 1           # per port: one counter per class, one for packet
 OTHER = CLASSES
 NAME = "labctl_arrive"
 
-TC_H_CLSACT, CLSACT_HANDLE, CLSACT_EGRESS = 0xFFFFFFF1, 0xFFFF0000, 0xFFFFFFF3
-RTM_NEWTFILTER = 44
-TCA_BPF_FD, TCA_BPF_NAME, TCA_BPF_FLAGS, TCA_BPF_FLAG_ACT_DIRECT = 6, 7, 8, 1
-ETH_P_ALL = 0x0003
 PREF = 1
 # create or change, never refuse: a port of a router hashing with labctl's program already has
 # clsact, and a controller started again on a running lab replaces its own filter
@@ -140,14 +134,8 @@ def program(map_fd: int, base: int) -> bytes:
 
 def port_requests(index: int, prog_fd: int, where: str, pref: int = PREF) -> list[tuple[tuple[int, int, bytes], str]]:
     """clsact on a port and the counting program on its egress (`tc filter add … egress bpf da`)."""
-    qdisc = rtnl._tcmsg(index, CLSACT_HANDLE, TC_H_CLSACT) + rtnl.attr(rtnl.TCA_KIND, rtnl.cstr("clsact"))
-    head = struct.pack("BxxxiIII", socket.AF_UNSPEC, index, 1, CLSACT_EGRESS, pref << 16 | socket.htons(ETH_P_ALL))
-    options = rtnl.nest(rtnl.TCA_OPTIONS, rtnl.attr(TCA_BPF_FD, rtnl.u32(prog_fd)),
-                        rtnl.attr(TCA_BPF_NAME, rtnl.cstr(NAME)),
-                        rtnl.attr(TCA_BPF_FLAGS, rtnl.u32(TCA_BPF_FLAG_ACT_DIRECT)))
-    return [((rtnl.RTM_NEWQDISC, ENSURE, qdisc), f"{where}: clsact"),
-            ((RTM_NEWTFILTER, ENSURE, head + rtnl.attr(rtnl.TCA_KIND, rtnl.cstr("bpf")) + options),
-             f"{where}: arrival counter")]
+    return ebpf.clsact_requests(index, prog_fd, NAME, where, "arrival counter", ingress=False,
+                                protocol=ebpf.ETH_P_ALL, pref=pref, handle=1, flags=ENSURE)
 
 
 class Counters:
@@ -184,7 +172,7 @@ class Counters:
 
 
 def setup(switches) -> "Bounds":
-    """Counters on every controlled port of `switches` (controller.Switch), and their bounds."""
+    """Counters on every controlled port of `switches` (dataplane/switch.py), and their bounds."""
     bases, ports_of, n = {}, [], 0
     for k, sw in enumerate(switches):
         names = {i.index: i.name for i in sw.node.interfaces}
@@ -244,7 +232,7 @@ class Bounds:
         self.bound = self.backlog.copy()
 
     def set_from(self, switches, shared_buffer: bool) -> None:
-        """Each queue's limits from its switch's settings (controller.Switch): the threshold is Kmin
+        """Each queue's limits from its switch's settings (dataplane/switch.py): the threshold is Kmin
         where it marks and XOFF where it pauses, the floor Kmin and XON; under a shared buffer any
         depth, since its XOFF falls as the other queues fill."""
         for sw in switches:

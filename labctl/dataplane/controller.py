@@ -12,7 +12,7 @@ core and slowed the collectives by up to 30%). With time dilation D a 1 kHz loop
 Settings changed at runtime (`labctl tc set`) arrive through control.json (see control.py).
 Counters (PFC frames, paused time, applied generation, the reaction-time histogram) go to
 pfc.json whenever they change, at most every 10 ms, so a 100 Hz sampler sees every step. The loop
-itself touches no file: publisher.py does, on a thread of its own.
+itself touches no file: helpers.Publisher does, on a thread of its own.
 
     python -m labctl.dataplane.controller LAB_DIR
 """
@@ -22,50 +22,22 @@ import json
 import sys
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from labctl.kernel import nsutil, rtnl
-from labctl.dataplane import arrivals, control, ecn, pfc, pfcport
-from labctl.plan import feeders, qos
+from labctl.dataplane import arrivals, control, ecn, pfc, pfcport, switch
+from labctl.dataplane.switch import Switch
+from labctl.plan import qos
 from labctl.telemetry import qdepth, reaction
-from labctl.telemetry.nftcounters import family_of as nft_family
 from labctl.procs import raise_fd_limit
 from labctl.wakeup import Waiter
 from labctl import helpers
 from labctl.helpers import Publisher
 from labctl.kernel.nft import Nft
-from labctl.plan.model import LabPlan, Node
+from labctl.plan.model import LabPlan
 
 FAST, IDLE = 0.001, qos.CONTROLLER_IDLE_S   # IDLE: unless the lab is large (qos.controller_idle_s)
 COUNTERS_EVERY, COUNTERS_AT_LEAST = 0.01, 1.0
-
-
-@dataclass
-class Switch:
-    node: Node
-    sock: object
-    nft: Nft | None
-    ecn_ports: dict[tuple[int, int], tuple] = field(default_factory=dict)  # (ifindex, leaf major) -> (tc, settings)
-    marking: dict[tuple[int, int], int] = field(default_factory=dict)    # (ifindex, tc) -> N
-    wanted: set = field(default_factory=set)
-    pfc: dict = field(default_factory=dict)       # (ifindex, leaf major) -> pfcport.Port
-    request: tuple = (b"", [])
-    messages: list = field(default_factory=list)  # the request's GETs one by one, for a part of them
-    feeders: dict = field(default_factory=dict)   # egress port -> ingress ports that feed it
-    inflow: dict = field(default_factory=dict)    # (ifindex, leaf major) -> the most bytes/s that can arrive
-    asserting: bool = False                       # some port is pausing its neighbour
-    polls: int = 0
-    busy: bool = False                            # a controlled queue held packets at the last read
-    last_read: float | None = None
-    period: float = 0.0                           # from the last read to the next one
-    next_read: float = 0.0
-    family: str = "ip"                            # where its nftables rules live
-    queues: range = range(0)                      # its queues' places in the arrival bounds (arrivals.py)
-    must: bool = False                            # pausing, held over XOFF or marking: read on every scan
-    backlogs: dict = field(default_factory=dict)  # at the last read
-    stateful: set = field(default_factory=set)    # queues marking or past XOFF
-    place: dict = field(default_factory=dict)     # queue -> its place in the switch's request
 
 
 class Controller:
@@ -75,18 +47,29 @@ class Controller:
         self.lab_dir = lab_dir
         self.files = Publisher(lab_dir / "pfc.json" if lab_dir else None,
                                lab_dir / control.FILE if lab_dir else None)
-        self.generation = 0
-        self.last_written: tuple = ()
+        self._init_counters()
         self.classes = {}   # (node, ifindex, tc) -> (node, iface, cls), for applying control.json
         self.switches: list[Switch] = []    # nodes with queues to watch, polled every loop
         self.nodes: list[Switch] = []       # every node the controller serves (hosts obey PFC too)
         self.pfc_by_fd: dict[int, pfcport.Port] = {}
-        self.pfc_fds: list[int] = []
         self.pfc_ports: list[pfcport.Port] = []
         self.held: set[pfcport.Port] = set()   # ports obeying a pause now
+        self.waiter = Waiter()           # not select(): no ceiling on the PFC sockets' descriptors
+        self.expressions_loaded = False  # ecn.warm_up_rules ran (once: the kernel's modules are global)
+        self.kick_socks = []
+        self._open_switches()
+        self.pfc_fds = list(self.pfc_by_fd)
+        self._schedule_reads()
+        self.bounds = arrivals.setup(self.switches) if plan.queue_reads == "arrivals" else None
+        self._set_thresholds()
+
+    def _init_counters(self) -> None:
+        """What pfc.json reports: generations, reaction times, slow reads and steps, errors."""
+        self.generation = 0
+        self.last_written: tuple = ()
         # ports that ever sent or received a pause, in the order they first did: the only ones
         # pfc.json lists (readers take a port it leaves out as all zeros). Building and encoding
-        # all 5,000 of a 1,024-GPU lab every 10 ms held the loop (and, on the publisher's thread,
+        # all 5,000 of a 1,024-GPU lab every 10 ms held the loop (and, on the Publisher's thread,
         # the GIL) for 10-40 ms at a time in an incast
         self.active: dict[pfcport.Port, None] = {}
         self.port_text: dict[pfcport.Port, tuple] = {}
@@ -99,55 +82,29 @@ class Controller:
         self.long_count = 0
         self.slow = reaction.SlowSteps()     # parts of the loop over reaction.SLOW_STEP_S, by name
         self.errors: list[str] = []     # control files refused, newest last (shown by `labctl status`)
-        macs = {(n.name, i.name): i.mac for n in plan.nodes for i in n.interfaces}
-        served = []
-        for node in plan.nodes:
-            lossless = [(i, c) for i in node.interfaces for c in i.shaping.classes if c.lossless]
-            ports = [(i.index, c.tc, qos.class_minor(c.tc)) for i in node.interfaces for c in i.shaping.classes
-                     if c.ecn] if node.switching else []
-            if ports or lossless:
-                served.append((node, lossless, ports))
+
+    def _open_switches(self) -> None:
+        """A Switch for every node with an ECN-marking or lossless class, its rules installed."""
+        served = switch.served(self.plan)
         # libnftables waits on its socket with select(), whose descriptors must stay below FD_SETSIZE
         # (1,024): every context opens before the thousands of PFC sockets of a large lab
         contexts = {node.name: Nft(node.namespace) for node, _, ports in served if ports}
-        self.waiter = Waiter()           # not select(): no ceiling on the PFC sockets' descriptors
-        self.expressions_loaded = False  # ecn.warm_up_rules ran (once: the kernel's modules are global)
-        self.kick_socks = []
+        macs = {(n.name, i.name): i.mac for n in self.plan.nodes for i in n.interfaces}
         for node, lossless, ports in served:
-            with nsutil.entered(node.namespace):
-                sock = rtnl.open_socket()
-            kick_sock = pfcport.kick_socket(node.namespace) if lossless else None
-            if kick_sock is not None:
-                self.kick_socks.append(kick_sock)
-            sw = Switch(node, sock, contexts.get(node.name),
-                        feeders=feeders.feeders(plan, node) if node.switching else {}, family=nft_family(node))
-            if ports:
-                sw.nft.run(ecn.setup_rules(ports, nft_family(node)))
-                if not self.expressions_loaded:
-                    t = time.monotonic()
-                    sw.nft.run(ecn.warm_up_rules(ports[0][0], ports[0][1], nft_family(node)))
-                    self.expressions_loaded = True
-                    print(f"nftables marking expressions ready in {(time.monotonic() - t) * 1e3:.0f} ms",
-                          file=sys.stderr, flush=True)
             for i in node.interfaces:
                 for c in i.shaping.classes:
                     self.classes[(node.name, i.index, c.tc)] = (node, i, c)
-            for ifindex, tc, _ in ports:
-                sw.ecn_ports[(ifindex, (qos.leaf_handle(tc) >> 16))] = (tc, self._settings({}, node.name, ifindex, tc))
-                sw.marking[(ifindex, tc)] = 0
-            for i, c in lossless:
-                port = pfcport.Port(node, i, c, macs[(i.peer_node, i.peer_iface)], sock,
-                                    self._settings({}, node.name, i.index, c.tc), kick_sock)
-                sw.pfc[(i.index, qos.leaf_handle(c.tc) >> 16)] = port
-                self.pfc_ports.append(port)
-            sw.wanted = set(sw.ecn_ports) | (set(sw.pfc) if node.switching else set())
-            total = sum(i.shaping.rate_bps for i in node.interfaces) / 8
-            for key in sw.wanted:     # whatever the routes: every other port at its full rate
-                own = next(i for i in node.interfaces if i.index == key[0])
-                sw.inflow[key] = max(total - own.shaping.rate_bps / 8, 1.0)
-            sw.messages, keys = qdepth.get_messages(sw.wanted)
-            sw.request = (b"".join(sw.messages), keys)
-            sw.place = {key: i for i, key in enumerate(sw.request[1])}
+            sw = switch.open_switch(self.plan, node, lossless, ports, contexts.get(node.name), macs,
+                                    lambda name, ifindex, tc: self._settings({}, name, ifindex, tc))
+            if ports and not self.expressions_loaded:
+                t = time.monotonic()
+                sw.nft.run(ecn.warm_up_rules(ports[0][0], ports[0][1], sw.family))
+                self.expressions_loaded = True
+                print(f"nftables marking expressions ready in {(time.monotonic() - t) * 1e3:.0f} ms",
+                      file=sys.stderr, flush=True)
+            if sw.kick_sock is not None:
+                self.kick_socks.append(sw.kick_sock)
+            self.pfc_ports.extend(sw.pfc.values())
             self.nodes.append(sw)
             for p in sw.pfc.values():
                 self.pfc_by_fd[p.fileno()] = p
@@ -155,16 +112,14 @@ class Controller:
             if sw.wanted:
                 self.switches.append(sw)   # hosts only obey pauses: their sockets are served by the waiter
 
-        self.pfc_fds = list(self.pfc_by_fd)
+    def _schedule_reads(self) -> None:
         self.idle = qos.controller_idle_s([len(sw.wanted) for sw in self.switches])
         # idle reads spread over the idle period: all due at once, 176 switches took 34 ms in one
         # step, and a busy switch waited behind them
         start = time.monotonic()
         for k, sw in enumerate(self.switches):
             sw.next_read = start + self.idle * k / max(1, len(self.switches))
-        self.bounds = arrivals.setup(self.switches) if plan.queue_reads == "arrivals" else None
         self.next_scan = start
-        self._set_thresholds()
 
     def _set_thresholds(self) -> None:
         if self.bounds is not None:
@@ -182,7 +137,7 @@ class Controller:
         return control.settings_for(self.plan, n, i, c, overrides)
 
     def check_control(self) -> None:
-        """Apply control.json once the publisher saw it change."""
+        """Apply control.json once the Publisher saw it change."""
         if not self.files.control_changed.is_set():
             return
         self.files.control_changed.clear()
@@ -395,7 +350,7 @@ class Controller:
         if summary == self.last_written and not self.held and not force:
             return
         self.last_written = summary
-        # made here and only written by the publisher: json.dumps holds the GIL (pfcport.counters_text)
+        # made here and only written by the Publisher: json.dumps holds the GIL (pfcport.counters_text)
         head = json.dumps({"time": now, "generation": self.generation,
                            "reaction_hist": self.reactions.to_list(), "work_hist": self.work.to_list(),
                            "long_reads": list(self.long_reads), "slow_steps": list(self.slow.steps),

@@ -23,10 +23,9 @@ from labctl.estimate import labrun
 from labctl.estimate.model import Params, lab_params, phase_time
 
 BUNDLED = Path(__file__).with_name("calibration.json")
-# How far one lab run can land from another of the same workload on the same lab, measured here
-# (2 cores, 2026-12-02, three runs each): 8 QPs 3.41-3.55 s, 1 QP 4.56-4.58 s, and the bundled
-# 16 MB all-reduce within -1.3%..+0.4% of the model. An idle calibration fits within 1.7%, so a
-# check against the fit's error alone would fail on a run's own noise.
+# How far one lab run can land from another of the same workload on the same lab (the spread is in
+# docs/design.md §8). An idle calibration fits tighter than this, so a check against the fit's
+# error alone would fail on a run's own noise.
 RUN_TO_RUN = 0.04
 ETAS = np.round(np.arange(0.60, 1.0001, 0.001), 3)
 

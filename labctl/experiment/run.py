@@ -20,9 +20,10 @@ from labctl.errors import InputError, LabError
 from labctl.paths import is_dir
 from labctl.experiment import plots, trainplots, wan
 from labctl.experiment.metrics import run_metrics
+from labctl.experiment.resolve import in_experiment, resolve
+from labctl.experiment.spec import METRICS, Experiment, TcStep, load_experiment
 from labctl.plan.model import LabPlan
 from labctl.telemetry import fabricports
-from labctl.experiment.spec import METRICS, Experiment, load_experiment
 from labctl.traffic.run import run_workload
 from labctl.traffic.workload import LoadedWorkload, load_workload
 
@@ -48,12 +49,15 @@ def prepare(path: Path, out: Path, sets: list[str] = ()) -> tuple[Experiment, st
         if isinstance(step.run, dict):
             inline = out / f"workload-{step.as_ or k + 1}.yml"
             inline.write_text(yaml.safe_dump(step.run, sort_keys=False))
-            workloads[k] = load_workload(inline)
+            try:
+                workloads[k] = load_workload(inline)
+            except InputError as exc:
+                raise in_experiment(smap, ("steps", k, "run"), exc) from None
         else:
             workloads[k] = load_workload(path.parent / step.run)
     for value in exp.sweep.values if exp.sweep else [None]:
         try:
-            compile_plan(load_topology(str(path.parent / exp.topology), _sets(exp, value, sets), lab_name(exp)))
+            plan = compile_plan(load_topology(str(path.parent / exp.topology), _sets(exp, value, sets), lab_name(exp)))
         except InputError as exc:
             if exc.where is None or exc.where.file != "--set":
                 raise
@@ -61,6 +65,7 @@ def prepare(path: Path, out: Path, sets: list[str] = ()) -> tuple[Experiment, st
                 raise InputError(exc.where, f"{exc.message} (in {exp.topology}, from labctl run --set)", exc.fix) from None
             key = ("sweep", "var") if exp.sweep and exc.where.key == exp.sweep.var else ("set",)
             raise InputError(smap.where(key), f"{exc.message} (in {exp.topology})", exc.fix) from None
+        resolve(exp, smap, plan, workloads)
     return exp, text, workloads
 
 
@@ -137,7 +142,7 @@ def _step(exp, k, step, plan, lab, workloads, out, suffix, metrics, runs, say) -
         metrics[run_name]["wan_port_bytes"] = fabricports.sent_bytes(plan) - ports_before
         runs[run_name] = run_dir
     elif step.tc is not None:
-        _tc(plan, lab, dict(step.tc))
+        _tc(plan, lab, step.tc)
     elif step.link is not None:
         (state, target), = step.link.items()
         from labctl.lifecycle import targets
@@ -147,12 +152,10 @@ def _step(exp, k, step, plan, lab, workloads, out, suffix, metrics, runs, say) -
         time.sleep(step.wait / 1e9)
 
 
-def _tc(plan, lab, spec: dict) -> None:
+def _tc(plan, lab, tc: TcStep) -> None:
     from labctl.lifecycle import targets
-    spec = dict(spec)
-    node, iface = targets.port(plan, spec.pop("target"), need_port=False)
-    labmod.tc_set(lab, plan, node, iface.name if iface else None, spec.pop("class", None), spec.pop("rate", None),
-                  **spec)
+    node, iface = targets.port(plan, tc.target, need_port=False)
+    labmod.tc_set(lab, plan, node, iface.name if iface else None, tc.class_, tc.rate, **tc.settings())
 
 
 def judge(exp: Experiment, metrics: dict[str, dict]) -> list[dict]:

@@ -98,10 +98,33 @@ class Sweep(Strict):
         return values
 
 
+Size = str | int
+OnOff = Literal["on", "off"] | bool
+
+
+class TcStep(Strict):
+    """`labctl tc set` as a step: what it changes, on a node (every port) or on NODE:PORT."""
+    target: str = Field(description="NODE or NODE:PORT")
+    class_: str | None = Field(None, alias="class", description="a traffic class's name (default: every class)")
+    rate: str | None = Field(None, description="the port's rate, e.g. 10Gbit (needs NODE:PORT)")
+    ecn: OnOff | None = None
+    kmin: Size | None = None
+    kmax: Size | None = None
+    pmax: float | None = Field(None, ge=0, le=1)
+    pfc: OnOff | None = None
+    xoff: Size | None = None
+    xon: Size | None = None
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    def settings(self) -> dict:
+        """The settings it changes, as `tc set` takes them (no target, class or rate)."""
+        return self.model_dump(exclude={"target", "class_", "rate"}, exclude_none=True)
+
+
 class Step(Strict):
     run: str | dict | None = Field(None, description="a workload file (relative to this file) or an inline workload")
     as_: str | None = Field(None, alias="as", pattern=r"^[a-z][a-z0-9_]*$", description="the run's name")
-    tc: dict | None = Field(None, description="labctl tc set: {target, rate, ecn, kmin, kmax, pmax, pfc, xoff, xon, class}")
+    tc: TcStep | None = Field(None, description="labctl tc set: {target, rate, ecn, kmin, kmax, pmax, pfc, xoff, xon, class}")
     link: dict[Literal["down", "up"], str] | None = Field(None, description="{down: NODE:PORT} or {up: NODE:PORT}")
     wait: Duration | None = Field(None, description="sleep this long (lab time), e.g. 1s")
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
@@ -175,9 +198,6 @@ def _check(exp: Experiment, path: Path, smap) -> None:
             if name in names:
                 raise InputError(smap.where(("steps", k)), f"two runs are named {name!r}", "give each run its own as:")
             names.append(name)
-        if step.tc is not None and "target" not in step.tc:
-            raise InputError(smap.where(("steps", k, "tc")), "tc: needs target: NODE or NODE:PORT",
-                             "e.g. tc: {target: leaf1, pfc: \"off\"}")
     points = [str(v) for v in exp.sweep.values] if exp.sweep else []
     for k, e in enumerate(exp.expect):
         refs = [(e.run, e.metric, ("expect", k))]

@@ -45,7 +45,7 @@ def export(plan: LabPlan) -> str:
              for n in plan.nodes]
     links = []
     for lk in plan.links:
-        (a, ia), (b, ib) = lk.a.split(":"), lk.b.split(":")
+        (a, ia), (b, ib) = lk.ends
         pa, pb = plan.node(a).iface(ia), plan.node(b).iface(ib)
         params = {"bw": round(min(lk.lab_rate_bps / 1e6, MININET_BW_MAX), 3)}
         if lk.lab_delay_ns:

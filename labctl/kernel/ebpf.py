@@ -11,8 +11,11 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+import socket
 import struct
 import sys
+
+from labctl.kernel import rtnl
 
 _BPF_SYSCALL = {"x86_64": 321, "aarch64": 280}
 BPF_MAP_CREATE, BPF_PROG_LOAD = 0, 5
@@ -144,3 +147,26 @@ def array_map(entries: int, value_size: int, name: str, mmapable: bool = False) 
     if fd < 0:
         raise BpfError(-fd, f"creating map {name}")
     return fd
+
+
+# --- attaching a program to a port (`tc qdisc add … clsact; tc filter add … bpf da`) ---------------
+RTM_NEWTFILTER = 44
+TC_H_CLSACT, CLSACT_HANDLE, CLSACT_INGRESS, CLSACT_EGRESS = 0xFFFFFFF1, 0xFFFF0000, 0xFFFFFFF2, 0xFFFFFFF3
+TCA_BPF_FD, TCA_BPF_NAME, TCA_BPF_FLAGS, TCA_BPF_FLAG_ACT_DIRECT = 6, 7, 8, 1
+ETH_P_ALL, ETH_P_IP = 0x0003, 0x0800
+
+
+def clsact_requests(index: int, prog_fd: int, name: str, where: str, what: str, *, ingress: bool,
+                    protocol: int, pref: int = 1, handle: int = 0,
+                    flags: int = rtnl.CREATE) -> list[tuple[tuple[int, int, bytes], str]]:
+    """clsact on port `index` and the program `prog_fd` as a direct-action filter on its ingress or
+    egress, as rtnl.Batch requests. `flags` rtnl.CREATE refuses a port that has them already;
+    without NLM_F_EXCL a second attach replaces its own filter."""
+    qdisc = rtnl._tcmsg(index, CLSACT_HANDLE, TC_H_CLSACT) + rtnl.attr(rtnl.TCA_KIND, rtnl.cstr("clsact"))
+    parent = CLSACT_INGRESS if ingress else CLSACT_EGRESS
+    head = struct.pack("BxxxiIII", socket.AF_UNSPEC, index, handle, parent, pref << 16 | socket.htons(protocol))
+    options = rtnl.nest(rtnl.TCA_OPTIONS, rtnl.attr(TCA_BPF_FD, rtnl.u32(prog_fd)),
+                        rtnl.attr(TCA_BPF_NAME, rtnl.cstr(name)),
+                        rtnl.attr(TCA_BPF_FLAGS, rtnl.u32(TCA_BPF_FLAG_ACT_DIRECT)))
+    return [((rtnl.RTM_NEWQDISC, flags, qdisc), f"{where}: clsact"),
+            ((RTM_NEWTFILTER, flags, head + rtnl.attr(rtnl.TCA_KIND, rtnl.cstr("bpf")) + options), f"{where}: {what}")]

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import platform
 import socket
-import struct
 
 from labctl.kernel import ebpf, rtnl
 from labctl.kernel.ebpf import (ADD_K, ADD_X, AND_K, BE, BPF_FUNC_SET_HASH, CALL, EXIT, JA, JEQ_K, JGT_X,
@@ -144,23 +143,13 @@ def load(fh: FlowHash) -> int:
 
 
 # --- attaching it ------------------------------------------------------------------------------
-RTM_NEWTFILTER = 44
-TC_H_CLSACT, CLSACT_HANDLE, CLSACT_INGRESS = 0xFFFFFFF1, 0xFFFF0000, 0xFFFFFFF2
-TCA_BPF_FD, TCA_BPF_NAME, TCA_BPF_FLAGS, TCA_BPF_FLAG_ACT_DIRECT = 6, 7, 8, 1
-ETH_P_IP = 0x0800
 PREF = 1                    # first on the port's ingress, before anything that redirects
 
 
 def port_requests(index: int, fd: int, where: str) -> list[tuple[tuple[int, int, bytes], str]]:
     """clsact on a port and the program on its ingress (`tc filter add … ingress bpf da`)."""
-    qdisc = rtnl._tcmsg(index, CLSACT_HANDLE, TC_H_CLSACT) + rtnl.attr(rtnl.TCA_KIND, rtnl.cstr("clsact"))
-    head = struct.pack("BxxxiIII", socket.AF_UNSPEC, index, 0, CLSACT_INGRESS, PREF << 16 | socket.htons(ETH_P_IP))
-    options = rtnl.nest(rtnl.TCA_OPTIONS, rtnl.attr(TCA_BPF_FD, rtnl.u32(fd)),
-                        rtnl.attr(TCA_BPF_NAME, rtnl.cstr("labctl_ecmp")),
-                        rtnl.attr(TCA_BPF_FLAGS, rtnl.u32(TCA_BPF_FLAG_ACT_DIRECT)))
-    return [((rtnl.RTM_NEWQDISC, rtnl.CREATE, qdisc), f"{where}: clsact"),
-            ((RTM_NEWTFILTER, rtnl.CREATE, head + rtnl.attr(rtnl.TCA_KIND, rtnl.cstr("bpf")) + options),
-             f"{where}: ECMP hash program")]
+    return ebpf.clsact_requests(index, fd, "labctl_ecmp", where, "ECMP hash program", ingress=True,
+                                protocol=ebpf.ETH_P_IP, pref=PREF)
 
 
 # --- where it sends a flow -----------------------------------------------------------------------

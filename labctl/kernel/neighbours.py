@@ -59,8 +59,7 @@ def _segment_members(plan: LabPlan) -> dict[int, list[tuple[str, str]]]:
     for seg in plan.segments:
         ports = []
         for k in seg.links:
-            for end in (plan.links[k].a, plan.links[k].b):
-                n, p = end.split(":")
+            for n, p in plan.links[k].ends:
                 iface = plan.node(n).iface(p)
                 if n not in bridges and iface.address:
                     ports.append((iface.address.split("/")[0], iface.mac))

@@ -7,14 +7,14 @@ are not on a hot path (status, counters) use pyroute2.
 from __future__ import annotations
 
 import errno
-import os
 import socket
 import struct
 
-# linux/netlink.h, linux/rtnetlink.h, linux/if_link.h, linux/pkt_sched.h
-NLM_F_REQUEST, NLM_F_ACK, NLM_F_EXCL, NLM_F_CREATE = 0x1, 0x4, 0x200, 0x400
-NLMSG_ERROR = 2
-NLA_F_NESTED = 0x8000
+from labctl.kernel.netlink import (NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST,  # noqa: F401
+                                   NLMSG_DONE, NLMSG_ERROR, NetlinkError, align, attr, cstr, dump,
+                                   error_code, message, nest, parse_attrs, u32, walk)
+
+# linux/rtnetlink.h, linux/if_link.h, linux/pkt_sched.h
 RTM_NEWLINK, RTM_NEWADDR, RTM_NEWROUTE, RTM_GETROUTE = 16, 20, 24, 26
 RTM_NEWQDISC, RTM_NEWTCLASS = 36, 40
 IFLA_ADDRESS, IFLA_IFNAME, IFLA_MTU, IFLA_LINKINFO, IFLA_NET_NS_FD = 1, 3, 4, 18, 28
@@ -31,26 +31,6 @@ TC_LINKLAYER_ETHERNET = 1
 IFF_UP = 0x1
 CREATE = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL
 CHANGE = NLM_F_REQUEST | NLM_F_ACK
-
-
-def _align(n: int) -> int:
-    return (n + 3) & ~3
-
-
-def attr(kind: int, payload: bytes) -> bytes:
-    return struct.pack("HH", 4 + len(payload), kind) + payload + b"\0" * (_align(len(payload)) - len(payload))
-
-
-def nest(kind: int, *attrs: bytes) -> bytes:
-    return attr(kind | NLA_F_NESTED, b"".join(attrs))
-
-
-def u32(v: int) -> bytes:
-    return struct.pack("I", v)
-
-
-def cstr(s: str) -> bytes:
-    return s.encode() + b"\0"
 
 
 def mac_bytes(mac: str) -> bytes:
@@ -202,13 +182,6 @@ def qdisc_probe(index: int, kind: str) -> tuple[int, int, bytes]:
     return RTM_NEWQDISC, CREATE, _tcmsg(index, 0x10000, TC_H_ROOT) + attr(TCA_KIND, cstr(kind))
 
 
-class NetlinkError(Exception):
-    def __init__(self, code: int, what: str):
-        super().__init__(f"{what}: {os.strerror(code)}")
-        self.code = code
-        self.what = what
-
-
 class Batch:
     """Requests for one namespace's rtnetlink socket, sent in bursts and acknowledged in order."""
 
@@ -223,8 +196,7 @@ class Batch:
         """Queue a request; errno values in `tolerate` count as done (a route the kernel already flushed)."""
         kind, flags, body = request
         self.seq += 1
-        header = struct.pack("IHHII", 16 + len(body), kind, flags, self.seq, 0)
-        self.messages.append((header + body, (what, tolerate)))
+        self.messages.append((message(kind, flags, body, self.seq), (what, tolerate)))
 
     def commit(self) -> None:
         """Send everything; raise NetlinkError for the first request the kernel refused."""
@@ -236,23 +208,17 @@ class Batch:
             failure = None
             while waiting:
                 data = self.sock.recv(1 << 20)
-                for seq, code in _acks(data):
+                for kind, seq, off, _length in walk(data):
+                    if kind != NLMSG_ERROR:
+                        continue
+                    code = error_code(data, off)
                     entry = waiting.pop(seq, None)
-                    if code and failure is None and entry is not None and -code not in entry[1]:
-                        failure = NetlinkError(-code, entry[0])
+                    if code and failure is None and entry is not None and code not in entry[1]:
+                        failure = NetlinkError(code, entry[0])
             if failure:
                 self.messages.clear()
                 raise failure
         self.messages.clear()
-
-
-def _acks(data: bytes):
-    off = 0
-    while off + 16 <= len(data):
-        length, kind, _flags, seq, _pid = struct.unpack_from("IHHII", data, off)
-        if kind == NLMSG_ERROR:
-            yield seq, struct.unpack_from("i", data, off + 16)[0]
-        off += _align(length)
 
 
 def open_socket() -> socket.socket:
@@ -266,26 +232,9 @@ def open_socket() -> socket.socket:
 
 def request(sock: socket.socket, kind: int, flags: int, body: bytes) -> bytes:
     """One request, returning the kernel's first reply message body (for GET requests)."""
-    header = struct.pack("IHHII", 16 + len(body), kind, flags, 1, 0)
-    sock.sendall(header + body)
-    data = sock.recv(1 << 16)
-    length, rtype, _f, _s, _p = struct.unpack_from("IHHII", data, 0)
-    if rtype == NLMSG_ERROR:
-        code = struct.unpack_from("i", data, 16)[0]
-        if code:
-            raise NetlinkError(-code, "request")
-    return data[16:length]
-
-
-def parse_attrs(data: bytes, offset: int) -> dict[int, bytes]:
-    out = {}
-    while offset + 4 <= len(data):
-        length, kind = struct.unpack_from("HH", data, offset)
-        if length < 4:
-            break
-        out[kind & ~NLA_F_NESTED] = data[offset + 4:offset + length]
-        offset += _align(length)
-    return out
+    for data, off, length in dump(sock, message(kind, flags, body), "request"):
+        return data[off + 16:off + length]
+    return b""
 
 
 def route_get(sock: socket.socket, dst: str, src: str | None = None, iif: int | None = None,
@@ -334,7 +283,7 @@ def route_fib_match(sock: socket.socket, dst: str, src: str, iif: int) -> tuple[
         inner = parse_attrs(data[offset:offset + length], 8)
         hops.append({"oif": oif, "gateway": gateway(inner), "weight": weight_less_one + 1,
                      "dead": bool(flags & RTNH_F_DEAD)})
-        offset += _align(length)
+        offset += align(length)
     return hops, RTA_NH_ID in attrs
 
 
@@ -342,8 +291,6 @@ EEXIST = errno.EEXIST
 
 
 RTM_GETLINK = 18
-NLM_F_DUMP = 0x300
-NLMSG_DONE = 3
 IFLA_OPERSTATE = 16
 IF_OPER_UP = 6
 
@@ -375,18 +322,7 @@ def link_states(sock: socket.socket) -> dict[str, int]:
 
 
 def _link_attrs(sock: socket.socket):
-    header = struct.pack("IHHII", 16 + 16, RTM_GETLINK, NLM_F_REQUEST | NLM_F_DUMP, 1, 0)
-    sock.sendall(header + ifinfo())
-    while True:
-        data = sock.recv(1 << 20)
-        off = 0
-        while off + 16 <= len(data):
-            length, kind, _f, _s, _p = struct.unpack_from("IHHII", data, off)
-            if kind == NLMSG_DONE:
-                return
-            if kind == NLMSG_ERROR:
-                raise NetlinkError(-struct.unpack_from("i", data, off + 16)[0], "link dump")
-            index = struct.unpack_from("i", data, off + 20)[0]
-            attrs = parse_attrs(data[off:off + length], 32)
-            yield attrs.get(IFLA_IFNAME, b"").rstrip(b"\0").decode(), index, attrs
-            off += _align(length)
+    for data, off, length in dump(sock, message(RTM_GETLINK, NLM_F_REQUEST | NLM_F_DUMP, ifinfo()), "link dump"):
+        index = struct.unpack_from("i", data, off + 20)[0]
+        attrs = parse_attrs(data[off:off + length], 32)
+        yield attrs.get(IFLA_IFNAME, b"").rstrip(b"\0").decode(), index, attrs

@@ -39,8 +39,7 @@ def ports(link: Link) -> list[tuple[str, str, int]]:
 
 def veths(plan: LabPlan, link: Link, ns_fds: dict[str, int], node_fds: dict[str, int]) -> list[tuple[tuple, str]]:
     """The three veth pairs of a wired link, each end created in its namespace."""
-    a_node, a_if = link.a.split(":")
-    b_node, b_if = link.b.split(":")
+    (a_node, a_if), (b_node, b_if) = link.ends
     a, b = plan.node(a_node).iface(a_if), plan.node(b_node).iface(b_if)
     w = link.wire
     (near_ns, _, near_i), (_, _, nf_i), (far_ns, _, ff_i), (_, _, far_i) = ports(link)

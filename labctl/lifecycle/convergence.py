@@ -52,7 +52,7 @@ def missing(plan: LabPlan, down: set[int] = frozenset()) -> dict[str, list[str]]
     """What each routing node still lacks or has wrong, by prefix (empty: converged)."""
     now, base = expected_routes(plan, down), expected_routes(plan)
     hosts = {n.name for n in plan.nodes if node_kind(n.kind).end_host}
-    data = {lk.subnet for lk in plan.links if lk.subnet and {e.split(":")[0] for e in (lk.a, lk.b)} & hosts}
+    data = {lk.subnet for lk in plan.links if lk.subnet and set(lk.nodes) & hosts}
     out = {}
     for node in routing_nodes(plan):
         have = kernel_routes(node.namespace)

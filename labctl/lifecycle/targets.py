@@ -4,6 +4,7 @@ from __future__ import annotations
 import ipaddress
 
 from labctl.errors import LabError
+from labctl.names import split_endpoint
 from labctl.plan.model import Interface, LabPlan, Node
 
 
@@ -19,7 +20,7 @@ def node(plan: LabPlan, name: str) -> Node:
 
 def port(plan: LabPlan, spec: str, need_port: bool = True) -> tuple[Node, Interface | None]:
     """NODE:PORT (or NODE alone when `need_port` is false) as the node and its port."""
-    name, _, port_name = spec.partition(":")
+    name, port_name = split_endpoint(spec)
     n = node(plan, name)
     if not port_name:
         if need_port:
@@ -34,7 +35,8 @@ def port(plan: LabPlan, spec: str, need_port: bool = True) -> tuple[Node, Interf
 
 def capture_point(plan: LabPlan, spec: str) -> tuple[str, str]:
     """NODE:PORT -> (namespace, port); NODE may also be a WAN line end, wire<link>.a / .b (port fibre)."""
-    name, _, port_name = spec.partition(":")
+    name, port_name = split_endpoint(spec)
+    port_name = port_name or ""
     for lk in plan.links:
         if lk.wire and name in (f"wire{lk.id}.a", f"wire{lk.id}.b"):
             side = "a" if name.endswith(".a") else "b"

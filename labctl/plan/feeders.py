@@ -23,7 +23,7 @@ def feeders(plan: LabPlan, node: Node) -> dict[str, set[str]]:
         return {e: {i.name for i in node.interfaces if i.name != e} for e in out}
     hosts = {n.name for n in plan.nodes if not n.forwarding}
     data_prefixes = [lk.subnet for lk in plan.links
-                     if lk.a.split(":")[0] in hosts or lk.b.split(":")[0] in hosts]
+                     if set(lk.nodes) & hosts]
     connected = {i.link: i.name for i in node.interfaces}
     routes = {r.dst: [h.dev for h in r.nexthops] for r in _routes(plan, node)}
     for i in node.interfaces:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, is_dataclass
 
+from labctl.names import split_endpoint
 from labctl.plan.flowhash import FlowHash
 
 
@@ -138,6 +139,22 @@ class Link:
     encrypt: bool = False
     weight: int = 1
     wire: Wire | None = None   # the delay line that carries this link (WAN), if any
+
+    @property
+    def ends(self) -> tuple[tuple[str, str], tuple[str, str]]:
+        """((node, iface), (node, iface)) of its two ends (names.split_endpoint of a and b)."""
+        return endpoint(self.a), endpoint(self.b)
+
+    @property
+    def nodes(self) -> tuple[str, str]:
+        """The names of the two nodes it joins."""
+        return endpoint(self.a)[0], endpoint(self.b)[0]
+
+
+def endpoint(text: str) -> tuple[str, str]:
+    """A planned link end, NODE:IFACE (always both: the compiler names every port)."""
+    node, iface = split_endpoint(text)
+    return node, iface or ""
 
 
 @dataclass

@@ -128,7 +128,7 @@ def _add_domain_routes(nodes, links, fabrics, segments, members: set[str], weigh
     for lk in links:
         if lk.fabric not in members or lk.id in in_segment or not lk.subnet:
             continue
-        ends = {lk.a.split(":")[0], lk.b.split(":")[0]}
+        ends = set(lk.nodes)
         # a link's subnet is reached through the routers at its ends: hosts never forward
         prefixes[lk.subnet] = {e for e in ends if nodes[e].forwarding} or ends
     for seg in segments:

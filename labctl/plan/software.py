@@ -13,7 +13,7 @@ from pathlib import Path
 
 from labctl.errors import InputError
 from labctl.plan import model
-from labctl.topology.schema import Node
+from labctl.topology.schema import NodeSpec
 from labctl.topology.templates import render_file
 from labctl.topology.yamlpos import SourceMap
 
@@ -42,11 +42,11 @@ def argv(text: str, smap: SourceMap, key: tuple) -> list[str]:
     return out
 
 
-def exec_lines(name: str, node: Node, smap: SourceMap) -> list[list[str]]:
+def exec_lines(name: str, node: NodeSpec, smap: SourceMap) -> list[list[str]]:
     return [argv(line, smap, ("nodes", name, "exec", i)) for i, line in enumerate(node.exec)]
 
 
-def container(lab: str, name: str, node: Node, lab_file: Path, smap: SourceMap) -> model.Container | None:
+def container(lab: str, name: str, node: NodeSpec, lab_file: Path, smap: SourceMap) -> model.Container | None:
     if node.image is None:
         for key in ("cmd", "env", "binds", "files"):
             if getattr(node, key):

@@ -8,12 +8,10 @@ from __future__ import annotations
 import socket
 import struct
 
-from labctl.kernel import rtnl
+from labctl.kernel import netlink
 
 NETLINK_NETFILTER = 12
 NFNL_SUBSYS_NFTABLES, NFT_MSG_GETOBJ = 10, 19
-NLM_F_DUMP = 0x300
-NLMSG_DONE = 3
 NFPROTO_IPV4, NFPROTO_BRIDGE = 2, 7
 FAMILIES = {"ip": NFPROTO_IPV4, "bridge": NFPROTO_BRIDGE}
 NFTA_OBJ_TABLE, NFTA_OBJ_NAME, NFTA_OBJ_TYPE, NFTA_OBJ_DATA = 1, 2, 3, 4
@@ -30,51 +28,30 @@ def open_socket() -> socket.socket:
 
 
 def dump_request(table: str, seq: int = 1, family: str = "ip") -> bytes:
-    body = (struct.pack("BBH", FAMILIES[family], 0, 0) + rtnl.attr(NFTA_OBJ_TABLE, rtnl.cstr(table))
-            + rtnl.attr(NFTA_OBJ_TYPE, struct.pack("!I", NFT_OBJECT_COUNTER)))
+    body = (struct.pack("BBH", FAMILIES[family], 0, 0) + netlink.attr(NFTA_OBJ_TABLE, netlink.cstr(table))
+            + netlink.attr(NFTA_OBJ_TYPE, struct.pack("!I", NFT_OBJECT_COUNTER)))
     kind = (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETOBJ
-    return struct.pack("IHHII", 16 + len(body), kind, rtnl.NLM_F_REQUEST | NLM_F_DUMP, seq, 0) + body
-
-
-def parse(data: bytes) -> tuple[dict[str, tuple[int, int]], bool]:
-    """(name -> (packets, bytes)) from one recv of a dump, and whether the dump is done."""
-    out: dict[str, tuple[int, int]] = {}
-    off = 0
-    while off + 16 <= len(data):
-        length, kind, _flags, _seq, _pid = struct.unpack_from("IHHII", data, off)
-        if kind == NLMSG_DONE:
-            return out, True
-        if kind == rtnl.NLMSG_ERROR:
-            code = struct.unpack_from("i", data, off + 16)[0]
-            if code:
-                raise rtnl.NetlinkError(-code, "nft counter dump")
-            return out, True
-        attrs = rtnl.parse_attrs(data[off:off + length], 16 + 4)
-        name = attrs.get(NFTA_OBJ_NAME, b"").rstrip(b"\0").decode()
-        inner = rtnl.parse_attrs(attrs.get(NFTA_OBJ_DATA, b""), 0)
-        if name and NFTA_COUNTER_PACKETS in inner:
-            out[name] = (struct.unpack("!Q", inner[NFTA_COUNTER_PACKETS])[0],
-                         struct.unpack("!Q", inner[NFTA_COUNTER_BYTES])[0])
-        off += (length + 3) & ~3
-    return out, False
+    return netlink.message(kind, netlink.NLM_F_REQUEST | netlink.NLM_F_DUMP, body, seq)
 
 
 def read(sock: socket.socket, table: str = "labctl", family: str = "ip") -> dict[str, tuple[int, int]]:
     """Every named counter of `table` (in `family`: ip on routers, bridge on bridges): name -> (packets, bytes)."""
-    sock.sendall(dump_request(table, family=family))
     out: dict[str, tuple[int, int]] = {}
-    while True:
-        part, done = parse(sock.recv(1 << 16))
-        out.update(part)
-        if done:
-            return out
+    for data, off, length in netlink.dump(sock, dump_request(table, family=family), "nft counter dump"):
+        attrs = netlink.parse_attrs(data[off:off + length], 16 + 4)
+        name = attrs.get(NFTA_OBJ_NAME, b"").rstrip(b"\0").decode()
+        inner = netlink.parse_attrs(attrs.get(NFTA_OBJ_DATA, b""), 0)
+        if name and NFTA_COUNTER_PACKETS in inner:
+            out[name] = (struct.unpack("!Q", inner[NFTA_COUNTER_PACKETS])[0],
+                         struct.unpack("!Q", inner[NFTA_COUNTER_BYTES])[0])
+    return out
 
 
 def read_marks(sock: socket.socket, family: str = "ip") -> dict[str, int]:
     """CE-marked packets per nft counter name; {} where the node marks nothing (no labctl table)."""
     try:
         return {name: packets for name, (packets, _) in read(sock, family=family).items()}
-    except rtnl.NetlinkError:
+    except netlink.NetlinkError:
         return {}
 
 

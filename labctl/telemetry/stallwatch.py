@@ -23,7 +23,9 @@ import subprocess
 import sys
 import time
 
-# Every 5 ms: 1 ms cost ~6% of a core per watcher here (and several times that on an emulated CPU).
+from labctl import helpers
+
+# Every 5 ms: a shorter period costs a watcher a noticeable share of a core (docs/design.md §8).
 # A stall that starts within a sleep is seen up to one period short, so the controller's own part
 # comes out up to 5 ms too long, never too short.
 PERIOD_MS = 5
@@ -41,7 +43,7 @@ def watch(cpu: int) -> dict:
         scheduling = "other"      # gaps then include waiting behind other processes: said in the result
     stdin = select.poll()
     stdin.register(sys.stdin.fileno(), select.POLLIN | select.POLLHUP)
-    print("ready", flush=True)
+    helpers.say_ready()
     gaps: list[list[float]] = []
     last = time.monotonic()
     while True:
@@ -71,8 +73,7 @@ class StallWatch:
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      text=True, cwd="/")
                 self.procs.append(p)
-                if p.stdout.readline().strip() != "ready":
-                    raise OSError(f"stall watcher on CPU {cpu} did not start")
+                helpers.await_ready(p, f"the stall watcher on CPU {cpu}")
         except BaseException:
             self.stop()
             raise

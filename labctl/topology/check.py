@@ -9,7 +9,7 @@ from labctl.errors import InputError
 from labctl.kinds import fabric_kind
 from labctl.names import NamingError, assign_ifnames, split_endpoint
 from labctl.topology.fabrics import l2_segments, link_fabric, node_fabric, routing_domain, switching
-from labctl.topology.schema import Topology
+from labctl.topology.schema import TopologySpec
 from labctl.topology.templates import did_you_mean
 from labctl.topology.yamlpos import SourceMap
 from labctl.units import format_rate
@@ -32,7 +32,7 @@ def _round_up(x: float) -> int:
         k *= 10
 
 
-def node_fabrics(topo: Topology, smap: SourceMap) -> None:
+def node_fabrics(topo: TopologySpec, smap: SourceMap) -> None:
     names = list(topo.fabrics)
     for name, node in topo.nodes.items():
         if node.fabric is not None and node.fabric not in topo.fabrics:
@@ -46,7 +46,7 @@ def node_fabrics(topo: Topology, smap: SourceMap) -> None:
                              f"add `fabric: <one of {', '.join(names)}>` to it")
 
 
-def unique_ranks(topo: Topology, smap: SourceMap) -> None:
+def unique_ranks(topo: TopologySpec, smap: SourceMap) -> None:
     ranks: dict[int, str] = {}
     for name, node in topo.nodes.items():
         if node.rank is not None:
@@ -57,7 +57,7 @@ def unique_ranks(topo: Topology, smap: SourceMap) -> None:
             ranks[node.rank] = name
 
 
-def link_ends(topo: Topology, smap: SourceMap) -> None:
+def link_ends(topo: TopologySpec, smap: SourceMap) -> None:
     for i, link in enumerate(topo.links):
         parsed = []
         for e, text in enumerate(link.endpoints):
@@ -73,7 +73,7 @@ def link_ends(topo: Topology, smap: SourceMap) -> None:
                              f"link {i} connects {parsed[0]!r} to itself", "connect two different nodes")
 
 
-def link_fabrics(topo: Topology, smap: SourceMap) -> None:
+def link_fabrics(topo: TopologySpec, smap: SourceMap) -> None:
     names = list(topo.fabrics)
     nic_fabric: dict[tuple[str, str], tuple[int, str]] = {}
     for i, link in enumerate(topo.links):
@@ -99,7 +99,7 @@ def link_fabrics(topo: Topology, smap: SourceMap) -> None:
         _nic_sharing(topo, smap, i, parsed, nic_fabric)
 
 
-def _nic_sharing(topo: Topology, smap: SourceMap, i: int, parsed, nic_fabric: dict) -> None:
+def _nic_sharing(topo: TopologySpec, smap: SourceMap, i: int, parsed, nic_fabric: dict) -> None:
     """A host NIC named by two links of different fabrics would bridge networks meant to be apart."""
     fabric = link_fabric(topo, i)
     for e, (node, iface) in enumerate(parsed):
@@ -114,7 +114,7 @@ def _nic_sharing(topo: Topology, smap: SourceMap, i: int, parsed, nic_fabric: di
         nic_fabric[(node, iface)] = (i, fabric)
 
 
-def link_rates_and_delays(topo: Topology, smap: SourceMap) -> None:
+def link_rates_and_delays(topo: TopologySpec, smap: SourceMap) -> None:
     for i, link in enumerate(topo.links):
         a, b = (split_endpoint(e)[0] for e in link.endpoints)
         if link.distance is not None and link.rate is None:
@@ -137,7 +137,7 @@ def link_rates_and_delays(topo: Topology, smap: SourceMap) -> None:
                              f"lower dilation to at most {rate / LAB_RATE_MIN:g}, or raise the rate")
 
 
-def _delay(topo: Topology, smap: SourceMap, i: int, link) -> None:
+def _delay(topo: TopologySpec, smap: SourceMap, i: int, link) -> None:
     one_way = link.latency if link.latency is not None else (
         link.distance * 4900 if link.distance is not None else topo.defaults.latency)
     lab = (one_way + (link.jitter or 0)) * topo.dilation
@@ -151,7 +151,7 @@ def _delay(topo: Topology, smap: SourceMap, i: int, link) -> None:
                          "shorten the link or lower dilation")
 
 
-def segments(topo: Topology, smap: SourceMap) -> None:
+def segments(topo: TopologySpec, smap: SourceMap) -> None:
     """An L2 segment is a tree of bridges (no spanning tree runs), with at most one port per other
     node, and no encryption (ESP carries IP between two routers; the line itself carries any frame,
     so delay, loss and jitter are fine)."""
@@ -181,7 +181,7 @@ def segments(topo: Topology, smap: SourceMap) -> None:
                 members[node] = i
 
 
-def qos_classes(topo: Topology, smap: SourceMap) -> None:
+def qos_classes(topo: TopologySpec, smap: SourceMap) -> None:
     seen_tc: dict[int, str] = {}
     seen_dscp: dict[int, str] = {}
     defaults = []
@@ -210,7 +210,7 @@ def qos_classes(topo: Topology, smap: SourceMap) -> None:
                          "e.g. kmin: 400KB, kmax: 1600KB")
 
 
-def zones(topo: Topology, smap: SourceMap) -> None:
+def zones(topo: TopologySpec, smap: SourceMap) -> None:
     """With a scale-across fabric, every zone needs a DCI router: a router of that fabric in the zone."""
     wan = {f for f, spec in topo.fabrics.items() if fabric_kind(spec.kind).joins}
     if not wan:
@@ -225,7 +225,7 @@ def zones(topo: Topology, smap: SourceMap) -> None:
                              "zone's spines and to the WAN")
 
 
-def every_node_linked(topo: Topology, smap: SourceMap) -> None:
+def every_node_linked(topo: TopologySpec, smap: SourceMap) -> None:
     linked = {split_endpoint(e)[0] for link in topo.links for e in link.endpoints}
     for name, node in topo.nodes.items():
         # a node the user numbers by hand (`addresses: none`, as every containerlab node) may stand
@@ -239,7 +239,7 @@ def _unnumbered(node) -> bool:
     return getattr(node, "addresses", None) == "none"
 
 
-def interface_names(topo: Topology, smap: SourceMap) -> None:
+def interface_names(topo: TopologySpec, smap: SourceMap) -> None:
     ends = [(*split_endpoint(lk.endpoints[0]), *split_endpoint(lk.endpoints[1])) for lk in topo.links]
     try:
         assign_ifnames(ends)
@@ -251,6 +251,6 @@ CHECKS = (node_fabrics, unique_ranks, link_ends, link_fabrics, link_rates_and_de
           every_node_linked, segments, interface_names)
 
 
-def check_topology(topo: Topology, smap: SourceMap) -> None:
+def check_topology(topo: TopologySpec, smap: SourceMap) -> None:
     for check in CHECKS:
         check(topo, smap)

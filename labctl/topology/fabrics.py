@@ -3,19 +3,19 @@ from __future__ import annotations
 
 from labctl.kinds import default_fabric_kinds, fabric_kind, node_kind
 from labctl.names import split_endpoint
-from labctl.topology.schema import Topology
+from labctl.topology.schema import TopologySpec
 
 
-def switching(topo: Topology, name: str) -> bool:
+def switching(topo: TopologySpec, name: str) -> bool:
     """A node that forwards (routes or bridges) between its ports, and so belongs to one fabric."""
     return node_kind(topo.nodes[name].kind).switches
 
 
-def bridging(topo: Topology, name: str) -> bool:
+def bridging(topo: TopologySpec, name: str) -> bool:
     return node_kind(topo.nodes[name].kind).bridges
 
 
-def node_fabric(topo: Topology, name: str) -> str | None:
+def node_fabric(topo: TopologySpec, name: str) -> str | None:
     """The fabric a switching node belongs to: its own `fabric:`, else the only fabric that fits its kind."""
     node = topo.nodes[name]
     if not switching(topo, name):
@@ -33,7 +33,7 @@ def routing_domain(kind: str, name: str) -> str:
     return fabric_kind(kind).domain or name
 
 
-def link_fabric(topo: Topology, link_index: int) -> str | None:
+def link_fabric(topo: TopologySpec, link_index: int) -> str | None:
     link = topo.links[link_index]
     if link.fabric:
         return link.fabric
@@ -50,7 +50,7 @@ def link_fabric(topo: Topology, link_index: int) -> str | None:
     return None
 
 
-def l2_segments(topo: Topology) -> list[tuple[set[str], list[int]]]:
+def l2_segments(topo: TopologySpec) -> list[tuple[set[str], list[int]]]:
     """(bridges, link indexes) of every L2 segment: bridges joined by their links, with every link
     that touches one, in file order of their first link."""
     parent = {n: n for n in topo.nodes if bridging(topo, n)}

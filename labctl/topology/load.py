@@ -1,4 +1,4 @@
-"""Lab file → (rendered YAML) → validated Topology, with errors that point at the file and line."""
+"""Lab file → (rendered YAML) → validated TopologySpec, with errors that point at the file and line."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,7 +11,7 @@ from labctl.errors import InputError, Where
 from labctl.topology import clab, templates as tpl
 from labctl.names import valid_lab_name
 from labctl.topology.check import check_topology
-from labctl.topology.schema import Topology
+from labctl.topology.schema import TopologySpec
 from labctl.topology.yamlpos import SourceMap, load_yaml, load_yaml_file
 
 TEMPLATE_LAB_KEYS = ("name", "description", "template", "vars")
@@ -23,7 +23,7 @@ MAX_LINKS = 16384
 
 @dataclass
 class Loaded:
-    topology: Topology
+    topology: TopologySpec
     source: SourceMap  # positions in the text that was validated (rendered text for template labs)
     text: str          # that text
     file: Path
@@ -144,7 +144,7 @@ def _validated(data, smap: SourceMap, text: str, file: Path, template: str | Non
                              f"{limit:,} (each node is a namespace with its own kernel tables, each link a veth "
                              "pair with queues at both ends)", "build a smaller lab, e.g. fewer servers")
     try:
-        topo = Topology.model_validate(data)
+        topo = TopologySpec.model_validate(data)
     except ValidationError as exc:
         raise input_error(exc, smap) from None
     check_topology(topo, smap)
@@ -178,7 +178,7 @@ def input_error(exc: ValidationError, smap: SourceMap, root=None) -> InputError:
 def _model_at(loc: tuple, root=None):
     """The pydantic model class that a location's parent refers to, for listing allowed keys."""
     from labctl.topology import schema
-    model = root or schema.Topology
+    model = root or schema.TopologySpec
     for part in loc:
         if model is None or isinstance(part, int):
             continue

@@ -115,7 +115,8 @@ class NodeFile(Strict):
     vars: dict[Name, str | int | float | bool] = Field(default_factory=dict, description="more variables for it")
 
 
-class Node(Strict):
+class NodeSpec(Strict):
+    """A node as the lab file writes it (compiled into plan.model.Node; api.Node drives a running one)."""
     kind: Literal[NODE_KINDS] = Field(description="one of " + ", ".join(NODE_KINDS))
     fabric: Name | None = Field(None, description="the fabric a switch or router belongs to")
     server: Name | None = Field(None, description="the server a GPU sits in (GPUs of a server share scale-up)")
@@ -160,7 +161,8 @@ class Link(Strict):
     weight: int = Field(1, ge=1, le=256, description="ECMP weight of this link's next hop (unequal-cost multipath)")
 
 
-class Topology(Strict):
+class TopologySpec(Strict):
+    """A lab file, validated (topology/builder.Topology writes one from Python; plan/ compiles it)."""
     name: str = Field(pattern=r"^[a-z][a-z0-9-]*$", max_length=24,
                       description="the lab name: lower-case letters, digits and '-', at most 24 characters")
     description: str = ""
@@ -170,6 +172,6 @@ class Topology(Strict):
     defaults: Defaults = Defaults()
     routing: Routing = Routing()
     fabrics: dict[Name, Fabric] = Field(default_factory=lambda: {"backend": Fabric(kind="scale-out")})
-    nodes: dict[Name, Node] = Field(min_length=1, description="at least one node")
+    nodes: dict[Name, NodeSpec] = Field(min_length=1, description="at least one node")
     links: list[Link] = Field(default_factory=list)
     qos: Qos = Qos()

@@ -169,22 +169,61 @@ def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Pa
     ranks += [r for r in victim_ranks(plan, loaded) if r not in ranks]
     ops = build_ops(plan, loaded, ranks) if collectives else []
     tcp_flows = flows.sequences(plan, w.flows, str(loaded.file))
-    nodes = gpu_ranks(plan)
-    options = RunOptions(qps=w.options.qps, sport_policy=w.options.sport,
-                         cnp_interval_us=w.options.cnp_interval / 1000 if w.options.cnp else None,
-                         reliable=w.options.reliable, dcqcn=w.options.dcqcn,
-                         dcqcn_params=dcqcn_params(w.options))
-    alpha = w.options.alpha * 1e-9 * plan.dilation
     out_dir.mkdir(parents=True, exist_ok=True)   # new_run_dir() made it for a command; experiments nest runs
     (out_dir / "workload.yml").write_text(loaded.text)
     (out_dir / "plan.json").write_text(json.dumps(plan.to_dict()))
-    results = []
     with procs.realtime():
         losses_before = ledger.snapshot(plan, lab.path)
     reactions_before, since = reaction.read(lab.path), time.monotonic()
     link_bytes_before = linkbytes.snapshot(plan)
     # only where a controller runs: the watchers cost a few % of a core, and only its reaction needs them
     stalls = StallWatch((lab.path / "pfc.json").exists()).start()
+    results, flow_results, series, long_reads, counters = _play(plan, lab, loaded, ops, tcp_flows, ranks,
+                                                                out_dir, stalls, progress)
+    link_bytes_after = linkbytes.snapshot(plan)
+    gaps = sum(q["gaps"] for c in counters.values() for q in c.get("rx", []))
+    with procs.realtime():
+        losses = ledger.ledger(losses_before, ledger.snapshot(plan, lab.path), plan, gaps)
+    machine_gaps = stalls.stop()
+    reactions = reaction.summary(reaction.read(lab.path).minus(reactions_before), plan.pfc_response_s,
+                                 reaction.read_long(lab.path, since, long_reads), machine_gaps)
+    nodes = gpu_ranks(plan)
+    doc = {"workload": w.name, "lab": plan.lab, "dilation": plan.dilation, "ranks": ranks,
+           "nodes": {r: nodes[r].name for r in ranks}, "options": w.options.model_dump(),
+           "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "results": results,
+           "counters": {str(r): c for r, c in counters.items()}, "queue_series": series,
+           "flows": [f for f in flow_results if f["received"] or f["error"]], "loss_ledger": losses,
+           "controller_reaction": reactions}
+    doc.update(fabric_bytes(plan, ops, link_bytes_before, link_bytes_after, bool(tcp_flows)))
+    if w.fsdp:
+        doc["fsdp"] = _fsdp_summary(w, ranks, results)
+    if w.train:
+        first = next(k for k, op in enumerate(ops) if not op.warmup)
+        doc["train"] = train_run.summary(plan, train_run.step_config(plan, loaded, ranks), ops[first].schedule,
+                                         results[0], ops[first].compute_s)
+        # top-level fabric_bytes_expected stays in the ports' unit (each link's frames, as measured);
+        # train's own per-fabric payload figures stay in doc["train"]
+        doc["dim_bytes"] = doc["train"]["dim_bytes"]
+    if trace is not None:
+        doc.update(_placement(plan, trace, w, ops, ranks))
+    doc["slow_run"] = causes.explain(doc, out_dir / "queues.csv")
+    (out_dir / "results.json").write_text(json.dumps(doc, indent=1))
+    return doc
+
+
+def _play(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, ops: list, tcp_flows: list, ranks: list[int],
+          out_dir: Path, stalls: StallWatch, progress) -> tuple[list, list, dict, list, dict]:
+    """Run the operations and flows with the queue sampler going: (results, flow results, queue
+    series, the controller's slow reads the sampler saw, agent counters). On any failure whatever
+    had started stops, the stall watchers too."""
+    w = loaded.workload
+    nodes = gpu_ranks(plan)
+    alpha = w.options.alpha * 1e-9 * plan.dilation
+    options = RunOptions(qps=w.options.qps, sport_policy=w.options.sport,
+                         cnp_interval_us=w.options.cnp_interval / 1000 if w.options.cnp else None,
+                         reliable=w.options.reliable, dcqcn=w.options.dcqcn,
+                         dcqcn_params=dcqcn_params(w.options))
+    results = []
     pool = sampler = tcp = None
     try:
         pool = AgentPool(plan, lab, ranks, options) if ops else None
@@ -216,40 +255,21 @@ def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Pa
     flow_results = tcp.close() if tcp is not None else []
     series = sampler.close()
     counters = pool.close() if pool is not None else {}
-    link_bytes_after = linkbytes.snapshot(plan)
-    gaps = sum(q["gaps"] for c in counters.values() for q in c.get("rx", []))
-    with procs.realtime():
-        losses = ledger.ledger(losses_before, ledger.snapshot(plan, lab.path), plan, gaps)
-    machine_gaps = stalls.stop()
-    reactions = reaction.summary(reaction.read(lab.path).minus(reactions_before), plan.pfc_response_s,
-                                 reaction.read_long(lab.path, since, sampler.pfc.long_reads), machine_gaps)
-    doc = {"workload": w.name, "lab": plan.lab, "dilation": plan.dilation, "ranks": ranks,
-           "nodes": {r: nodes[r].name for r in ranks}, "options": w.options.model_dump(),
-           "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "results": results,
-           "counters": {str(r): c for r, c in counters.items()}, "queue_series": series,
-           "flows": [f for f in flow_results if f["received"] or f["error"]], "loss_ledger": losses,
-           "controller_reaction": reactions}
-    doc.update(fabric_bytes(plan, ops, link_bytes_before, link_bytes_after, bool(tcp_flows)))
-    if w.fsdp:
-        doc["fsdp"] = _fsdp_summary(w, ranks, results)
-    if w.train:
-        first = next(k for k, op in enumerate(ops) if not op.warmup)
-        doc["train"] = train_run.summary(plan, train_run.step_config(plan, loaded, ranks), ops[first].schedule,
-                                         results[0], ops[first].compute_s)
-        # top-level fabric_bytes_expected stays in the ports' unit (each link's frames, as measured);
-        # train's own per-fabric payload figures stay in doc["train"]
-        doc["dim_bytes"] = doc["train"]["dim_bytes"]
-    if trace is not None and w.collective in RINGS and w.options.qps == 1 and w.options.channels == 1 \
-            and w.options.sport == "per-qp":
+    return results, flow_results, series, sampler.pfc.long_reads, counters
+
+
+def _placement(plan: LabPlan, trace, w, ops: list, ranks: list[int]) -> dict:
+    """Where ECMP put a ring's hops, and the fabric paths of the first operation's pairs, where
+    the run's options let a trace tell (one channel, ports that are not random)."""
+    out = {}
+    if w.collective in RINGS and w.options.qps == 1 and w.options.channels == 1 and w.options.sport == "per-qp":
         hops = placement.ring_hops(plan, trace, ranks)
-        doc["ring_placement"] = {"hops": hops, "note": placement.collision_note(hops)}
-    if trace is not None and w.collective in RINGS + ("hier_all_reduce",) and w.options.channels == 1 \
+        out["ring_placement"] = {"hops": hops, "note": placement.collision_note(hops)}
+    if w.collective in RINGS + ("hier_all_reduce",) and w.options.channels == 1 \
             and w.options.sport != "random" and w.options.qps * len(ranks) <= MAX_TRACED_FLOWS:
         pairs = {(t.src, t.dst) for op in ops[:1] for t in op.schedule.transfers}
-        doc["fabric_paths"] = placement.fabric_paths(plan, trace, pairs, w.options.qps, w.options.sport)
-    doc["slow_run"] = causes.explain(doc, out_dir / "queues.csv")
-    (out_dir / "results.json").write_text(json.dumps(doc, indent=1))
-    return doc
+        out["fabric_paths"] = placement.fabric_paths(plan, trace, pairs, w.options.qps, w.options.sport)
+    return out
 
 
 def fabric_bytes(plan: LabPlan, ops: list[Op], before: dict, after: dict, tcp: bool) -> dict:

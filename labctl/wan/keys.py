@@ -20,8 +20,7 @@ def write_keys(plan: LabPlan, lab_path: Path) -> dict:
     for lk in plan.links:
         if lk.wire is None or not lk.encrypt:
             continue
-        a_node, a_if = lk.a.split(":")
-        b_node, b_if = lk.b.split(":")
+        (a_node, a_if), (b_node, b_if) = lk.ends
         a = plan.node(a_node).iface(a_if).address.split("/")[0]
         b = plan.node(b_node).iface(b_if).address.split("/")[0]
         ab = esp.Sa.new(0x1000 + 2 * lk.id, a, b)
