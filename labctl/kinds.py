@@ -1,7 +1,8 @@
 """What each kind of node and fabric is: one table each, asked by every part that behaves by kind.
 
-Adding a node kind is one entry in NODE_KINDS (see the README's "How labctl is built" for a
-worked example). Nothing else in labctl compares a node's kind with a string.
+Adding a node kind is one entry in NODE_KINDS, or `register(NodeKind(...))` from a module of your
+own (see the README's "How labctl is built" for a worked example). Nothing else in labctl compares
+a node's kind with a string.
 """
 from __future__ import annotations
 
@@ -20,7 +21,10 @@ class NodeKind:
     shape: str = "ellipse"        # Graphviz shape
     mermaid: tuple[str, str] = ("(", ")")
     group: str | None = None      # how a workload's flows name all nodes of this kind ("gpus", "storage")
-    backends: tuple[str, ...] = ("netns", "mininet")
+    backends: tuple[str, ...] | None = None   # the backends that can build it (None: every one)
+
+    def built_by(self, backend: str) -> bool:
+        return self.backends is None or backend in self.backends
 
     @property
     def switches(self) -> bool:
@@ -41,6 +45,14 @@ NODE_KINDS: dict[str, NodeKind] = {k.name: k for k in (
              shape="cylinder", mermaid=("[(", ")]"), group="storage"),
     NodeKind("host", "any other end host (a scheduler, a client)", end_host=True),
 )}
+
+
+def register(kind: NodeKind) -> NodeKind:
+    """Add a node kind: lab files may name it from then on (the schema asks this table)."""
+    if kind.name in NODE_KINDS:
+        raise ValueError(f"there is already a node kind {kind.name!r}")
+    NODE_KINDS[kind.name] = kind
+    return kind
 
 
 def node_kind(name: str) -> NodeKind:

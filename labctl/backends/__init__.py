@@ -1,7 +1,7 @@
 """Backends build a LabPlan into something real. One registry; `get` is the only way in.
 
-Adding a backend is one module with a Backend subclass and one entry here. No module outside
-this package imports a concrete backend.
+Adding a backend is one module with a Backend subclass and one entry here, or a call to
+`register` from that module. No module outside this package imports a concrete backend.
 """
 from __future__ import annotations
 
@@ -19,6 +19,13 @@ def _mininet():
 
 
 REGISTRY = {"netns": _netns, "mininet": _mininet}
+
+
+def register(name: str, make) -> None:
+    """Add backend `name`: `make()` returns it (a Backend). `labctl up --backend NAME` can then pick it."""
+    if name in REGISTRY:
+        raise ValueError(f"there is already a backend {name!r}")
+    REGISTRY[name] = make
 
 
 def names() -> list[str]:

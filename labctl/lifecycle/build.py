@@ -31,22 +31,29 @@ def up(file: str | None, sets=(), name: str | None = None, template_dirs=(), bac
                  build_images, trust)
 
 
-def build(loaded: Loaded, backend: str = "netns", progress=None,
-          topology_file: str | None = None, build_images: bool = True,
-          trust: bool = False) -> tuple[LabPlan, state.LabDir, float]:
-    """Build a loaded (validated) lab: its plan, by `backend`, with a record in the state directory."""
+def plan_for(loaded: Loaded, backend: str = "netns", build_images: bool = True, trust: bool = False):
+    """A loaded lab's plan and the backend that will build it, checked by that backend and by the
+    trust model (a located InputError) before anything exists; needs no root."""
     plan = compile_plan(loaded, arrivals.choose())
     trust_model.require(loaded, trust)
     flowhash.adopt(plan, loaded.topology.routing.hash_policy, loaded.topology.routing.hash_seed)
     builder = backends.get(backend)
     builder.build_images = build_images
     for node in plan.nodes:
-        if backend not in node_kind(node.kind).backends:
+        if not node_kind(node.kind).built_by(backend):
             raise InputError(Where(str(loaded.file), key=f"nodes.{node.name}.kind"),
                              f"backend {backend!r} cannot build a {node.kind} node ({node.name})",
                              f"kind {node.kind} is built by: {', '.join(node_kind(node.kind).backends)}")
     for key, reason, fix in builder.check(plan):
         raise InputError(Where(str(loaded.file), key=key), reason, fix)
+    return plan, builder
+
+
+def build(loaded: Loaded, backend: str = "netns", progress=None,
+          topology_file: str | None = None, build_images: bool = True,
+          trust: bool = False) -> tuple[LabPlan, state.LabDir, float]:
+    """Build a loaded (validated) lab: its plan, by `backend`, with a record in the state directory."""
+    plan, builder = plan_for(loaded, backend, build_images, trust)
     require_root("labctl up")
     lab = state.claim(plan.lab, plan.to_dict(), topology_file)
     lab.write_state(backend=backend)       # before anything exists: `clean` must know who built it

@@ -4,7 +4,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from labctl import kinds
 from labctl.units import parse_duration_ns, parse_rate, parse_size
@@ -21,7 +21,16 @@ Name = Annotated[str, Field(pattern=NAME_PATTERN, max_length=40,
                             description="lower-case letters, digits, '-' and '_', starting with a letter")]
 
 FABRIC_KINDS = tuple(kinds.FABRIC_KINDS)
-NODE_KINDS = tuple(kinds.NODE_KINDS)
+
+
+def _known_kind(name: str) -> str:
+    # asked at validation time, not frozen at import: kinds.register adds kinds
+    if name not in kinds.NODE_KINDS:
+        raise ValueError(f"not a node kind: one of {', '.join(kinds.NODE_KINDS)}")
+    return name
+
+
+NodeKindName = Annotated[str, AfterValidator(_known_kind)]
 
 
 class Strict(BaseModel):
@@ -117,7 +126,7 @@ class NodeFile(Strict):
 
 class NodeSpec(Strict):
     """A node as the lab file writes it (compiled into plan.model.Node; api.Node drives a running one)."""
-    kind: Literal[NODE_KINDS] = Field(description="one of " + ", ".join(NODE_KINDS))
+    kind: NodeKindName = Field(description="one of " + ", ".join(kinds.NODE_KINDS))
     fabric: Name | None = Field(None, description="the fabric a switch or router belongs to")
     server: Name | None = Field(None, description="the server a GPU sits in (GPUs of a server share scale-up)")
     rank: int | None = Field(None, ge=0, le=1_000_000, description="the GPU's global rank, 0..1000000")
