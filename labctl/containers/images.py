@@ -151,8 +151,7 @@ def ensure_present(client, wanted: list[str], build: bool = True, progress=None)
               f"`labctl up --no-build` refuses instead", file=sys.stderr, flush=True)
         if progress:
             progress(stage, 0, 1)
-        _tag, _, seconds = _build(client, r, False, None, say=lambda m: None)
-        _remember_time(r, seconds)
+        _build(client, r, False, None, say=lambda m: None)     # it records how long it took
         if progress:
             progress(stage, 1, 1)
         built.append(image)
