@@ -60,20 +60,21 @@ def checked_root(create: bool = False) -> Path:
     return root
 
 
-def _require_private_dir(path: Path, what: str, remove_fix: str) -> None:
-    """As root: `path` is a plain directory (not a symlink) that root owns and no one else may read
-    or write; otherwise whoever can write it could plant records (PIDs, namespaces) root acts on."""
+def _require_private_dir(path: Path, what: str, remove_fix: str, others: int = 0o077) -> None:
+    """As root: `path` is a plain directory (not a symlink) that root owns and no one else may
+    (`others`: read or) write; otherwise whoever can write it could plant records (PIDs,
+    namespaces) root acts on."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
         return
     if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
         raise LabError(f"{what} {path} is not a plain directory", remove_fix)
-    if st.st_uid != 0 or st.st_mode & 0o077:
+    if st.st_uid != 0 or st.st_mode & others:
         raise LabError(f"{what} {path} is owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o}: "
                        "labctl runs as root and trusts only a directory that root owns and no one else can "
-                       "read or write", f"chown root:root {path} && chmod 700 {path}, if you are sure of what is "
-                       f"in it; else {remove_fix}")
+                       + ("read or write" if others & 0o044 else "write"),
+                       f"chown root:root {path} && chmod 700 {path}, if you are sure of what is in it; else {remove_fix}")
 
 
 @dataclass
@@ -227,8 +228,9 @@ def lab_dir(name: str) -> LabDir:
 
 def checked_lab_dir(d: LabDir) -> LabDir:
     if os.geteuid() == 0:
+        # (inside a state directory only root can enter, so its read bits keep nothing from anyone)
         _require_private_dir(d.path, f"lab {d.name!r}'s record", "labctl cannot vouch for what is in it: look "
-                             f"at it, then remove it yourself (rm -r {d.path})")
+                             f"at it, then remove it yourself (rm -r {d.path})", others=0o022)
     return d
 
 
