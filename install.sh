@@ -21,6 +21,41 @@ fi
 
 say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
 
+# labctl then runs as root from this clone (its .venv, an editable install of labctl/, and the
+# /usr/local/bin/labctl link into it): whoever may change a file here, or rename the clone or a
+# directory above it, may run code as root. So the clone and every directory above it must be
+# root's and writable by no one else (a sticky directory such as /tmp may be), unless
+# LABCTL_INSTALL_ANY_OWNER=1 says that whoever owns it may run code as root anyway (a VM's only user).
+untrusted_clone() {
+  local d=$here parent owner mode bad
+  while :; do
+    parent=$(dirname "$d")
+    owner=$(stat -c %u "$d")
+    mode=$(stat -c %a "$d")
+    if [ "$owner" != 0 ]; then echo "$d is owned by uid $owner"; return 0; fi
+    # above the clone, a sticky directory lets no one else rename what is root's in it
+    if [ "$d" != "$here" ] && [ $(( 8#$mode & 8#1000 )) -ne 0 ]; then break; fi
+    if [ $(( 8#$mode & 8#022 )) -ne 0 ]; then echo "$d has mode $mode: others may write it"; return 0; fi
+    [ "$d" = / ] && break
+    d=$parent
+  done
+  bad=$(find "$here" ! -type l \( ! -uid 0 -o -perm /022 \) -print -quit 2>/dev/null)
+  if [ -n "$bad" ]; then echo "$bad is owned by uid $(stat -c %u "$bad") with mode $(stat -c %a "$bad")"; return 0; fi
+  return 1
+}
+if [ "${LABCTL_INSTALL_ANY_OWNER:-}" != 1 ] && why=$(untrusted_clone); then
+  cat >&2 <<EOF
+install.sh: refusing to install labctl from $here: $why.
+  labctl runs as root from this clone (its .venv and an editable install), so whoever can change a
+  file in it, or rename it, can run code as root.
+  fix: clone it as root into a directory of root's, e.g.
+         sudo git clone <this repository> /opt/labctl && sudo /opt/labctl/install.sh
+       or, if whoever owns it may run code as root anyway (your own machine, a VM's only user):
+         sudo LABCTL_INSTALL_ANY_OWNER=1 $0 $*
+EOF
+  exit 1
+fi
+
 # iproute2 (ip, tc), tcpdump/tshark (captures and RoCE decoding), ethtool, nftables (ECN marking),
 # ping, and a Python >= 3.11 with venv. Mininet (the mininet backend, Mininet import and export, and
 # bench/bringup.py's comparison) with what it needs beside it here: bridge-utils, and the system

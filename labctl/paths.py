@@ -1,11 +1,15 @@
-"""Paths a user typed or a file holds: asking about them never raises.
+"""Paths a user typed or a file holds: asking about them never raises; a run directory is made new.
 
 pathlib's is_file() raises on a name too long for the file system (ENAMETOOLONG), and any call
 raises ValueError on an embedded NUL byte; for a path from input the answer is then just "no".
 """
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
+
+from labctl.errors import LabError
 
 
 def is_file(path) -> bool:
@@ -20,3 +24,34 @@ def is_dir(path) -> bool:
         return Path(path).is_dir()
     except (OSError, ValueError):
         return False
+
+
+def new_run_dir(path: Path, option: str = "--out") -> Path:
+    """Create a run directory that is new (or empty): results are never mixed with, or written over,
+    what another run or another user left there. An existing one must be a plain directory of the
+    user labctl runs as, that no one else may write: root writes every file of a run into it, and
+    whoever owns it could swap one of them for a symlink to a file of root's."""
+    path = Path(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    except (OSError, ValueError) as exc:
+        raise LabError(f"{option} {path}: {getattr(exc, 'strerror', None) or exc}", "give a new directory for the run") from None
+    if st is not None:
+        if not stat.S_ISDIR(st.st_mode):
+            raise LabError(f"{option} {path} is not a directory", "give a new directory for the run")
+        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            raise LabError(f"{option} {path} belongs to uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o}: "
+                           f"labctl (uid {os.geteuid()}) writes a run only into a directory of its own that no one "
+                           "else can write", "give a new directory for the run (labctl makes it)")
+        if any(path.iterdir()):
+            raise LabError(f"{option} {path} is not empty: a run directory is made new, so that its files are "
+                           "this run's alone", "choose a new directory, or leave --out out for runs/<time>-<name>")
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(mode=0o755)
+    except FileExistsError:
+        raise LabError(f"{option} {path} appeared while labctl made it", "give a new directory for the run") from None
+    return path

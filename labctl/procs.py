@@ -42,6 +42,16 @@ def identity(pid: int) -> str:
     return f"{pid}:{start_time(pid) or 0}"
 
 
+def boot_id() -> str:
+    """This boot's random ID (the kernel makes a new one at every start): a journal entry made
+    under another boot names a process or namespace that no longer exists."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
 def verified(entry: str) -> int | None:
     """The PID of a journaled "PID:START" if that very process still runs, else None.
 

@@ -2,6 +2,13 @@
 workloads and experiments. Every input either loads or fails with a located error, never a
 traceback and never a hang of more than 5 s; and an `up` of a broken lab leaves nothing behind.
 
+Four kinds of damage: values replaced by hostile ones anywhere (mutated), values replaced by
+plausible ones of the same type, names taken from elsewhere in the file (plausible: these get past
+the schema into the checks behind it), characters deleted or inserted (text_mutated), and YAML's
+own hostile forms written into the text (tokens: tags, merge keys, huge integers, bad dates, deep
+nesting). Workloads are also checked as `labctl run` checks them against a lab's plan before it
+sends anything (traffic.run.prepare), with hostile collectives, sizes and participants.
+
 Seeded (derandomized), so a CI run tries the same inputs each time: see INPUTS_PER_RUN, which
 docs/security.md quotes. Nothing is written into the source tree."""
 from __future__ import annotations
@@ -9,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -30,23 +38,27 @@ EXPERIMENTS = sorted((ROOT / "experiments").glob("*.yml"))
 CLAB_FILES = sorted((ROOT / "tests" / "clab").rglob("*.clab.yml"))
 TEMPLATES = sorted(p.parent.name for p in (ROOT / "templates").glob("*/vars.yml"))
 HANG_S = 5
-EXAMPLES = {"topology": 60, "text": 60, "clab": 40, "template": 80, "workload": 40, "experiment": 30}
+EXAMPLES = {"topology": 60, "text": 60, "clab": 40, "template": 80, "workload": 40, "experiment": 30,
+            "plausible": 30, "tokens": 12, "plausible-other": 12, "template-edges": 60, "hostile-workload": 300}
 
 
 @contextlib.contextmanager
 def within(seconds: int = HANG_S):
-    """Fail a case that spends more than `seconds` of CPU loading or refusing one input (a hang is
-    a defect like a traceback). CPU time, not wall time: a host busy with other work slows a case
-    without making it hang."""
+    """Fail a case that spends more than `seconds` loading or refusing one input (a hang is a defect
+    like a traceback): of CPU (a loop), or of wall time (a read that blocks: a FIFO, a device)."""
     def hung(signum, frame):
-        raise AssertionError(f"an input took more than {seconds} s of CPU to load or refuse")
-    old = signal.signal(signal.SIGPROF, hung)
+        what = "of CPU" if signum == signal.SIGPROF else "(wall clock: blocked?)"
+        raise AssertionError(f"an input took more than {seconds} s {what} to load or refuse")
+    old = signal.signal(signal.SIGPROF, hung), signal.signal(signal.SIGALRM, hung)
     signal.setitimer(signal.ITIMER_PROF, seconds)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
         yield
     finally:
         signal.setitimer(signal.ITIMER_PROF, 0)
-        signal.signal(signal.SIGPROF, old)
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGPROF, old[0])
+        signal.signal(signal.SIGALRM, old[1])
 
 
 # values a careless or hostile file might hold where something else belongs
@@ -54,7 +66,8 @@ NASTY = [None, True, 0, -1, 2**64, 10**400, 1e308, float("inf"), float("-inf"), 
          "../../etc", "/", "1e999G", ".inf", "0x10", "400G", "9000", "-5ms", "1e15s", "{{ 7*7 }}", "a: b",
          "- x", "*x", "&x", "{{ cycler.__init__.__globals__ }}", "10.0.0.0/32", "127.0.0.0/8", "224.0.0.0/4",
          "😀", "x" * 300, "leaf1", "srv1-gpu0:nic0", "backend", "gpu", "switch", [], {}, [1, [2, [3]]],
-         {"k": {"k": {"k": 1}}}, ["a", "b", "c"], 1e30, "NaN", "/var/run/docker.sock:/s", "/:/host"]
+         {"k": {"k": {"k": 1}}}, ["a", "b", "c"], 1e30, "NaN", "/var/run/docker.sock:/s", "/:/host",
+         "/dev/zero", "/dev/stdin", "/proc/self/mem", "../../../../dev/zero"]
 
 
 def _paths(doc, prefix=()):
@@ -121,6 +134,89 @@ def text_mutated(draw, text: str):
     return "".join(chars)
 
 
+def _words(doc) -> list[str]:
+    """Every string of a document, values and keys: names a plausible mutation moves elsewhere."""
+    out = {v for _, v in _paths(doc) if isinstance(v, str)}
+    out |= {k for p, _ in _paths(doc) for k in p if isinstance(k, str)}
+    return sorted(out)
+
+
+@st.composite
+def plausible(draw, data: dict):
+    """`data` with one to three values replaced by ones of the same type: numbers at their edges,
+    names taken from elsewhere in the document, lists shortened, repeated or emptied, keys dropped
+    or renamed. Unlike `mutated`, most of these pass the schema and reach the checks behind it."""
+    rnd = draw(st.randoms(use_true_random=False))
+    doc = copy.deepcopy(data)
+    words = _words(doc)
+    for _ in range(rnd.randint(1, 3)):
+        path, v = rnd.choice(list(_paths(doc)))
+        if not path:
+            continue
+        if isinstance(v, bool):
+            new = not v
+        elif isinstance(v, int):
+            new = rnd.choice([0, 1, -1, v + 1, v * 1000, v // 1000, 2**31, 2**63, 10**30])
+        elif isinstance(v, float):
+            new = rnd.choice([0.0, -v, v * 1e6, v / 1e6, float("nan"), float("inf"), 1e-300])
+        elif isinstance(v, str):
+            new = rnd.choice([rnd.choice(words), rnd.choice(words), v + "x", v[:-1], "", v.upper(), v + "-2",
+                              "0", v * 2, v.replace("G", "T"), v.replace("ms", "us"), v.replace("MB", "GB")])
+        elif isinstance(v, list) and v:
+            new = list(v)
+            op = rnd.choice(["drop", "repeat", "reverse", "empty"])
+            if op == "drop":
+                new.pop(rnd.randrange(len(new)))
+            elif op == "repeat":
+                new.append(copy.deepcopy(rnd.choice(new)))
+            elif op == "reverse":
+                new.reverse()
+            else:
+                new = []
+        elif isinstance(v, dict) and v:
+            new = dict(v)
+            key = rnd.choice(list(new))
+            if rnd.random() < 0.5:
+                del new[key]
+            else:
+                new[rnd.choice(words)] = copy.deepcopy(new[key])
+        else:
+            continue
+        _set(doc, path, new)
+    return doc
+
+
+# YAML's own hostile forms: what a safe_dump of a mutated document never writes
+TOKENS = ["!!python/name:os.system", "!!python/object/apply:os.system ['true']", "!!binary aGVsbG8=",
+          "0x" + "f" * 4000, "0b" + "1" * 15000, "1:" * 3000 + "1", "9" * 5000, "0o" + "7" * 5000,
+          "2020-13-45", "2001-12-14t21:59:43.10-99:00", "2020-02-30", ".nan", "-.inf", "*undefined",
+          "&a [*a, *a]", "!!set {a, b}", "!!omap [{a: 1}]", "!custom x", "!!int x", "!!float x",
+          "!!timestamp x", "!!str", "~", "{<<: {a: 1}}", "[" * 100 + "]" * 100, "{a: " * 80 + "1" + "}" * 80,
+          "'\\x00'", "\"\\u0000\"", "? [a]\n  : b", "|\n  x", "!!null x", "1e400", "-0", "0.0.0"]
+MERGE_LINES = ["<<: {name: x}", "<<: *undefined", "? !!python/name:os.system\n: 1"]
+
+
+@st.composite
+def token_mutated(draw, text: str):
+    """One to three values of the file's `key: value` lines replaced by a hostile YAML form, or a
+    merge key inserted as a line of its own."""
+    rnd = draw(st.randoms(use_true_random=False))
+    lines = text.split("\n")
+    spots = [i for i, line in enumerate(lines) if re.match(r"^\s*(- )?[\w.-]+: \S", line)]
+    for _ in range(rnd.randint(1, 3)):
+        if not spots:
+            break
+        i = rnd.choice(spots)
+        if rnd.random() < 0.2:
+            indent = re.match(r"^\s*", lines[i]).group(0)
+            lines.insert(i, indent + rnd.choice(MERGE_LINES))
+            spots = [j + (j >= i) for j in spots]
+        else:
+            key = lines[i].split(": ", 1)[0]
+            lines[i] = f"{key}: {rnd.choice(TOKENS)}"
+    return "\n".join(lines)
+
+
 def _must_load_or_refuse(path: Path, maps=None) -> None:
     try:
         with within():
@@ -169,8 +265,7 @@ def test_damaged_topology_text_loads_or_fails_with_an_error(source, tmp_path, st
 
 @pytest.mark.parametrize("source", WORKLOADS, ids=[p.stem for p in WORKLOADS])
 def test_mutated_workloads_load_or_fail_with_an_error(source, tmp_path):
-    plan = compile_plan(load_topology(ROOT / ("topologies/ai-cluster.yml" if "checkpoint" in source.stem
-                                              else "topologies/leaf-spine.yml")))
+    plan = _plan_for_workload(source)
     raw = yaml.safe_load(source.read_text())
 
     @settings(max_examples=EXAMPLES["workload"], deadline=None, derandomize=True,
@@ -188,13 +283,25 @@ def test_mutated_workloads_load_or_fail_with_an_error(source, tmp_path):
     check()
 
 
+BUILD_AT_MOST = 200_000     # transfers: a larger schedule (legitimate, and seconds to build) is checked, not built
+
+
 def _plan_workload(f: Path, plan) -> None:
-    """Load a workload and build its first operation's schedule, as `labctl run` does before it sends."""
-    from labctl.traffic.run import build_ops, participants
+    """Load a workload and check it against the lab's plan as `labctl run` does before it sends
+    (its ranks, every operation's schedule, its TCP flows)."""
+    from labctl.traffic.pool import gpu_ranks
+    from labctl.traffic.run import largest_op, prepare
     from labctl.traffic.workload import load_workload
     loaded = load_workload(f)
-    if loaded.workload.collective or loaded.workload.fsdp:
-        build_ops(plan, loaded, participants(plan, loaded))[:1]
+    prepare(plan, loaded, build=largest_op(loaded, len(gpu_ranks(plan))) <= BUILD_AT_MOST)
+
+
+def _plan_for_workload(source: Path):
+    name = "ai-cluster" if "checkpoint" in source.stem else "leaf-spine"
+    return _PLANS.setdefault(name, compile_plan(load_topology(ROOT / f"topologies/{name}.yml")))
+
+
+_PLANS: dict = {}
 
 
 @pytest.mark.parametrize("source", EXPERIMENTS, ids=[p.stem for p in EXPERIMENTS])
@@ -260,6 +367,181 @@ def test_hostile_template_variables_load_or_fail_with_an_error(template, tmp_pat
     check()
 
 
+def _fuzz(n: int):
+    return settings(max_examples=n, deadline=None, derandomize=True,
+                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+
+def _refused_or_loaded(load) -> None:
+    try:
+        with within():
+            load()
+    except LabError as exc:          # InputError included: a located, user-facing error
+        assert str(exc)
+
+
+@pytest.mark.parametrize("source", TOPOLOGIES, ids=[p.stem for p in TOPOLOGIES])
+def test_plausibly_mutated_topologies_load_or_fail_with_an_error(source, tmp_path):
+    full, raw = _rendered(source), yaml.safe_load(source.read_text())
+
+    @_fuzz(EXAMPLES["plausible"])
+    @given(st.one_of(plausible(full), plausible(raw)))
+    def check(doc):
+        f = tmp_path / "lab.yml"
+        f.write_text(yaml.safe_dump(doc, allow_unicode=True))
+        _must_load_or_refuse(f)
+
+    check()
+
+
+def _all_inputs() -> list[tuple[str, Path]]:
+    return ([("lab", p) for p in TOPOLOGIES] + [("clab", p) for p in CLAB_FILES]
+            + [("workload", p) for p in WORKLOADS] + [("experiment", p) for p in EXPERIMENTS])
+
+
+def _load_as(kind: str, f: Path, source: Path, tmp_path: Path) -> None:
+    if kind == "lab":
+        compile_plan(load_topology(f))
+    elif kind == "clab":
+        from labctl.topology.clabmaps import parse
+        compile_plan(load_topology(f, maps=parse(["nokia_srlinux=frr", "arista_ceos=linux"])))
+    elif kind == "workload":
+        _plan_workload(f, _plan_for_workload(source))
+    else:
+        from labctl.experiment.run import prepare
+        prepare(f, tmp_path / "out")
+
+
+def _source_text(kind: str, source: Path) -> str:
+    if kind != "experiment":
+        return source.read_text()
+    # an experiment's relative file names made absolute, so that the copy reads the same files
+    return re.sub(r"^(\s*(?:- )?(?:topology|run): )(\.\./\S+\.yml)", lambda m: m.group(1) +
+                  str((source.parent / m.group(2)).resolve()), source.read_text(), flags=re.M)
+
+
+@pytest.mark.parametrize("kind,source", _all_inputs(), ids=[f"{k}-{p.stem}" for k, p in _all_inputs()])
+def test_hostile_yaml_forms_in_every_input_are_located_errors(kind, source, tmp_path):
+    """Tags (python/name, binary, custom), merge keys, integers past the digit limit in any base,
+    impossible dates, NaN, undefined aliases and deep nesting, written into each bundled file."""
+    text = _source_text(kind, source)
+
+    @_fuzz(EXAMPLES["tokens"])
+    @given(token_mutated(text))
+    def check(damaged):
+        f = tmp_path / source.name
+        f.write_text(damaged)
+        _refused_or_loaded(lambda: _load_as(kind, f, source, tmp_path))
+
+    check()
+
+
+@pytest.mark.parametrize("kind,source", _all_inputs()[len(TOPOLOGIES):],
+                         ids=[f"{k}-{p.stem}" for k, p in _all_inputs()[len(TOPOLOGIES):]])
+def test_plausibly_mutated_inputs_load_or_fail_with_an_error(kind, source, tmp_path):
+    raw = yaml.safe_load(_source_text(kind, source))
+
+    @_fuzz(EXAMPLES["plausible-other"])
+    @given(plausible(raw))
+    def check(doc):
+        f = tmp_path / source.name
+        f.write_text(yaml.safe_dump(doc, allow_unicode=True))
+        _refused_or_loaded(lambda: _load_as(kind, f, source, tmp_path))
+
+    check()
+
+
+def _edges(spec: dict) -> list:
+    """A template variable's edge values: its bounds and one past them, the other truth value and
+    choices, and what no variable should take."""
+    out = [0, -1, float("nan"), float("inf"), "", "nan", "1e999G", "-5ms", "0", None, [], {}]
+    for bound in ("min", "max"):
+        if isinstance(spec.get(bound), (int, float)):
+            b = spec[bound]
+            out += [b, b - 1, b + 1, b * 2, b - 0.5, -b]
+    out += list(spec.get("choices") or []) + ["zzz"]
+    if spec.get("type") in ("rate", "size", "duration"):
+        out += ["400G", "1Tbit", "64MB", "1e15s", "0.0001ms", "5 parsecs", "-1G", "NaNG", "infG"]
+    return out
+
+
+@pytest.mark.parametrize("template", TEMPLATES)
+def test_template_variables_at_and_past_their_edges_load_or_fail_with_an_error(template, tmp_path):
+    """One variable at a time (two with nothing but a bound between them could build a lab of
+    thousands of nodes, whose plan alone takes longer than a case may), at and past its edges."""
+    spec = (yaml.safe_load((ROOT / "templates" / template / "vars.yml").read_text()) or {}).get("vars") or {}
+    cases = [(name, value) for name, var in spec.items() if isinstance(var, dict) for value in _edges(var)]
+
+    @_fuzz(EXAMPLES["template-edges"])
+    @given(st.sampled_from(cases))
+    def check(case):
+        name, value = case
+        f = tmp_path / "lab.yml"
+        f.write_text(yaml.safe_dump({"template": template, "vars": {name: value}}, allow_unicode=True))
+        _must_load_or_refuse(f)
+
+    check()
+
+
+HOSTILE_WORKLOAD = {
+    "collective": ["all_reduce", "all_gather", "reduce_scatter", "alltoall", "broadcast", "incast", "sendrecv",
+                   "bogus", "", "ALL_REDUCE", 7, ["all_reduce"], None],
+    "sizes": [0, "0", "0B", 1e30, "1e30", float("nan"), ".nan", "NaN", float("inf"), -1, "-1MB", "1e999G",
+              [0], [1e30], [float("nan")], [1, 2**64], {"begin": 0, "end": 1}, {"begin": "1MB", "end": "1e30"},
+              {"begin": 1, "end": 2**70, "factor": 1.0000001}, {"begin": 1, "end": 10, "factor": float("nan")},
+              {"begin": "64MB", "end": "1MB"}, "64MB", "1KB", [1] * 500, None],
+    "participants": ["all", ["nope"], ["srv9-gpu9"], ["srv1-gpu0"], ["srv1-gpu0", "srv1-gpu0"], "rail:99",
+                     "rail:-1", "rail:x", [], ["leaf1"], ["spine1", "srv1-gpu0"], "none", 0, None],
+    "root": ["nope", "srv1-gpu0", "leaf1", "srv2-gpu3", None],
+    "iterations": [1, 0, -1, 10**9, float("nan"), None],
+    "algorithm": ["ring", "tree", "hier", "auto", "x", None],
+    "flows": [[{"src": "srv1-gpu0", "dst": "srv9-gpu9"}], [{"src": "nope", "dst": "srv1-gpu0", "bytes": "1e30"}],
+              [{"src": "srv1-gpu0", "dst": "srv1-gpu0", "bytes": float("nan")}], [{}], None],
+    "victim": [{"src": "srv1-gpu0", "dst": "nope"}, {"src": "srv1-gpu0", "dst": "srv2-gpu0", "size": 0}, None],
+}
+
+
+def test_hostile_workloads_are_refused_before_labctl_run_sends_anything(tmp_path):
+    """What `labctl run` checks against the lab's plan before it starts an agent (traffic.run.prepare),
+    on the bundled leaf-spine's plan: unknown collectives, sizes of 0, 1e30 and NaN, participants
+    and roots that are not GPUs of the lab, flows between nodes that do not exist."""
+    plan = _plan_for_workload(ROOT / "workloads/allreduce.yml")
+    refused = []
+
+    @_fuzz(EXAMPLES["hostile-workload"])
+    @given(st.fixed_dictionaries({}, optional={k: st.sampled_from(v) for k, v in HOSTILE_WORKLOAD.items()}))
+    def check(fields):
+        doc = {"name": "hostile", **{k: v for k, v in fields.items() if v is not None}}
+        f = tmp_path / "w.yml"
+        f.write_text(yaml.safe_dump(doc, allow_unicode=True))
+        try:
+            with within():
+                _plan_workload(f, plan)
+        except LabError as exc:
+            assert str(exc)
+            refused.append(str(exc))
+
+    check()
+    assert refused
+
+
+@pytest.mark.parametrize("doc,where", [
+    ({"collective": "bogus", "sizes": "1MB"}, "collective"),
+    ({"collective": "all_reduce", "sizes": 0}, "sizes"),
+    ({"collective": "all_reduce", "sizes": 1e30}, "sizes"),
+    ({"collective": "all_reduce", "sizes": float("nan")}, "sizes"),
+    ({"collective": "all_reduce", "sizes": "1MB", "participants": ["srv1-gpu0", "srv9-gpu9"]}, "participants"),
+])
+def test_each_hostile_workload_field_gets_an_error_at_its_key(doc, where, tmp_path):
+    from labctl.errors import InputError
+    f = tmp_path / "w.yml"
+    f.write_text(yaml.safe_dump({"name": "hostile", **doc}))
+    with pytest.raises(InputError) as info:
+        _plan_workload(f, _plan_for_workload(ROOT / "workloads/allreduce.yml"))
+    assert info.value.where.file == str(f) and where in str(info.value.where), str(info.value)
+
+
+
 def test_the_fuzz_tries_at_least_two_thousand_inputs_a_run():
     assert INPUTS_PER_RUN >= 2000, INPUTS_PER_RUN
 
@@ -298,4 +580,7 @@ def test_up_of_broken_labs_leaves_nothing_behind(tmp_path, state_dir, lab_name):
 
 INPUTS_PER_RUN = (EXAMPLES["topology"] * len(TOPOLOGIES) + EXAMPLES["text"] * 3 + EXAMPLES["clab"] * len(CLAB_FILES)
                   + EXAMPLES["template"] * len(TEMPLATES) + EXAMPLES["workload"] * len(WORKLOADS)
-                  + EXAMPLES["experiment"] * len(EXPERIMENTS))
+                  + EXAMPLES["experiment"] * len(EXPERIMENTS) + EXAMPLES["plausible"] * len(TOPOLOGIES)
+                  + EXAMPLES["tokens"] * len(_all_inputs())
+                  + EXAMPLES["plausible-other"] * (len(_all_inputs()) - len(TOPOLOGIES))
+                  + EXAMPLES["template-edges"] * len(TEMPLATES) + EXAMPLES["hostile-workload"])

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+from labctl import state
+from labctl.errors import LabError
 from labctl.kernel import netconf
 from labctl.plan.model import Interface, LabPlan, Node, Route
 from labctl.state import LabDir
@@ -22,6 +24,54 @@ Progress = Callable[[str, int, int], None]
 
 def quiet(stage: str, done: int, total: int) -> None:
     pass
+
+
+def own_namespaces(lab: LabDir) -> tuple[list[str], list[tuple[str, str]]]:
+    """(the journaled namespaces of `lab` that exist and are provably the ones it made, [(name, why
+    not)] for those that exist under a journaled name but are not): what `down` may remove."""
+    from labctl import procs
+    from labctl.kernel import nsutil
+    ids, boot = lab.namespace_ids(), procs.boot_id()
+    ours, others = [], []
+    for name in lab.namespaces():
+        now = nsutil.identity(name)
+        if now is None:
+            continue
+        made = ids.get(name)
+        if made is None:
+            others.append((name, "the journal holds no identity for it: labctl stopped before it made a "
+                                 "namespace of that name, or an older labctl built this lab"))
+        elif made[1] != boot:
+            others.append((name, "the machine restarted since this lab was built (its namespaces went with "
+                                 "the restart): this one was made since, by something else"))
+        elif made[0] != now:
+            others.append((name, "it is not the namespace this lab made (that one was deleted, and something "
+                                 "else made one of the same name)"))
+        else:
+            ours.append(name)
+    return ours, others
+
+
+def refuse_taken_namespaces(plan: LabPlan) -> None:
+    """Before anything is made: every namespace the plan names is free. A lab's namespaces are
+    <lab>-<node>, so lab `dc` with node `east-leaf1` and lab `dc-east` with node `leaf1` would share
+    `dc-east-leaf1`: the error names the lab that holds it (and its `down`), never this one."""
+    from labctl.kernel import nsutil, wires
+    mine = [(n.namespace, f"node {n.name}") for n in plan.nodes]
+    mine += [(ns, "a WAN line") for ns in wires.namespaces(plan)]
+    for ns, what in mine:
+        if not nsutil.exists(ns):
+            continue
+        owner = state.namespace_owner(ns, but=plan.lab)
+        if owner is not None:
+            raise LabError(f"lab {plan.lab!r} cannot have namespace {ns!r} (its {what}): lab {owner!r} has it "
+                           f"(a lab's namespaces are <lab>-<node>, and {owner!r} + "
+                           f"{ns[len(owner) + 1:]!r} gives the same name)",
+                           f"`labctl down {owner}` first, or give this lab a name that is not a prefix of "
+                           f"another's, or the other way round (--name)")
+        raise LabError(f"lab {plan.lab!r} cannot have namespace {ns!r} (its {what}): it exists already, and no "
+                       "lab labctl knows of made it", f"`ip netns del {ns}` if it is a leftover of yours; "
+                       "else give this lab another name with --name")
 
 
 class Backend:

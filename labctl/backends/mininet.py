@@ -25,7 +25,7 @@ from pathlib import Path
 
 from labctl import helpers, procs
 from labctl.kernel import neighbours, netconf, nsutil, rps, rtnl, wires
-from labctl.backends.base import Progress, quiet
+from labctl.backends.base import Progress, quiet, refuse_taken_namespaces
 from labctl.backends.netns import NetnsBackend
 from labctl.errors import LabError
 from labctl.plan.model import LabPlan
@@ -39,7 +39,8 @@ def available() -> str | None:
     """None if Mininet can build here, else why not."""
     if not shutil.which("mnexec"):
         return "mnexec is missing (it comes with Debian's mininet package)"
-    r = subprocess.run([SYSTEM_PYTHON, "-c", "import mininet.net"], capture_output=True, text=True)
+    # -P and cwd=/: a mininet/ folder where the user stands is never what this imports (as root)
+    r = subprocess.run([SYSTEM_PYTHON, "-P", "-c", "import mininet.net"], capture_output=True, text=True, cwd="/")
     if r.returncode != 0:
         return f"{SYSTEM_PYTHON} cannot import mininet"
     return None
@@ -73,10 +74,7 @@ class MininetBackend(NetnsBackend):
         for _key, reason, fix in self.check(plan):
             raise LabError(reason, fix)
         procs.raise_fd_limit(3 * len(plan.nodes) + 64)
-        for node in plan.nodes:
-            if nsutil.exists(node.namespace):
-                raise LabError(f"namespace {node.namespace!r} already exists; it is not this lab's to reuse",
-                               f"`labctl down {plan.lab}` if it is a lab of that name, or pick another name")
+        refuse_taken_namespaces(plan)
         try:
             for node in plan.nodes:
                 lab.journal("netns", node.namespace)
@@ -102,6 +100,11 @@ class MininetBackend(NetnsBackend):
         progress("mininet", 0, len(plan.nodes))
         helpers.await_ready(p, "Mininet (building the lab)", lab.path / "mininet.log", tail=800)
         p.stdout.close()
+        for node in plan.nodes:     # Mininet named them (`ip netns attach`): their identities, for `down`
+            identity = nsutil.identity(node.namespace)
+            if identity is None:
+                raise LabError(f"Mininet did not make namespace {node.namespace}", f"see {lab.path / 'mininet.log'}")
+            lab.noter(node.namespace)(identity)
         progress("mininet", len(plan.nodes), len(plan.nodes))
 
     def _configure(self, plan: LabPlan, lab: LabDir, progress: Progress) -> None:

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import time
 
 from labctl import procs
 from labctl.kernel import neighbours, netconf, nsutil, rps, rtnl, wires
-from labctl.backends.base import Backend, Progress, quiet
+from labctl.backends.base import Backend, Progress, own_namespaces, quiet, refuse_taken_namespaces
 from labctl.containers import nodes as container_nodes
 from labctl.errors import LabError
 from labctl.plan.model import LabPlan
@@ -36,11 +37,7 @@ class NetnsBackend(Backend):
 
     def _apply(self, plan: LabPlan, lab: LabDir, progress: Progress) -> None:
         procs.raise_fd_limit(3 * len(plan.nodes) + 6 * len(wires.wired(plan)) + 64)
-        for node in plan.nodes:
-            if nsutil.exists(node.namespace):
-                raise LabError(f"namespace {node.namespace!r} already exists; it is not this lab's to reuse",
-                               f"`labctl down {plan.lab}` if it is a lab of that name, or pick another "
-                               "name with --name")
+        refuse_taken_namespaces(plan)
         handles: dict[str, _NsHandles] = {}
         docker_client = None
         try:
@@ -49,9 +46,10 @@ class NetnsBackend(Backend):
                 lab.journal("netns", node.namespace)
                 try:
                     if node.container:
-                        nsutil.attach(node.namespace, container_nodes.start(docker_client, node, lab))
+                        nsutil.attach(node.namespace, container_nodes.start(docker_client, node, lab),
+                                      note=lab.noter(node.namespace))
                     else:
-                        nsutil.create(node.namespace)
+                        nsutil.create(node.namespace, note=lab.noter(node.namespace))
                 except FileExistsError:
                     lab.journal("released-netns", node.namespace)
                     raise LabError(f"namespace {node.namespace!r} appeared while building") from None
@@ -59,7 +57,7 @@ class NetnsBackend(Backend):
                 progress("namespaces", i + 1, len(plan.nodes))
             for ns in wires.namespaces(plan):
                 lab.journal("netns", ns)
-                nsutil.create(ns)
+                nsutil.create(ns, note=lab.noter(ns))
                 handles[ns] = _NsHandles.open(ns, wires.SYSCTLS)
             self._create_links(plan, handles, progress)
             _steer_without_default_mask(plan, handles)
@@ -120,14 +118,20 @@ class NetnsBackend(Backend):
         progress("links", len(plan.links), len(plan.links))
 
     def destroy(self, lab: LabDir, keep_record: bool = False) -> list[str]:
-        """Remove everything the journal lists: processes in the lab's namespaces, then the namespaces."""
-        names = lab.namespaces()
+        """Remove everything the journal lists: processes in the lab's namespaces, then the namespaces.
+        A namespace is removed only if it is provably the one this lab made (its journaled identity
+        and boot); one that merely has its name is left alone, with a message on stderr."""
+        names, others = own_namespaces(lab)
+        for name, why in others:
+            print(f"labctl: left namespace {name} alone: {why}. If it is a leftover of lab {lab.name}, "
+                  f"`ip netns del {name}` removes it", file=sys.stderr)
         had_containers = bool(lab.journaled("container"))
         container_nodes.remove(lab)     # first: Docker stops what runs in them, and forgets them
         inodes = {i for i in (nsutil.inode(n) for n in names) if i is not None}
-        # only processes provably started by labctl (PID and start time), and those inside the lab's
-        # own namespaces: never a PID that was reused since
-        pids = [p for p in (procs.verified(e) for e in lab.journaled("pid")) if p is not None]
+        # only processes provably started by labctl (PID and start time, in this boot), and those
+        # inside the lab's own namespaces: never a PID that was reused since
+        same_boot = lab.read_state().get("boot", procs.boot_id()) == procs.boot_id()
+        pids = [p for p in (procs.verified(e) for e in lab.journaled("pid")) if p is not None] if same_boot else []
         if inodes:
             pids += nsutil.pids_in(inodes)
         nsutil.kill_all(sorted(set(p for p in pids if nsutil.pid_alive(p))))
@@ -159,20 +163,24 @@ def _container_engine(plan: LabPlan, progress: Progress, build_images: bool = Tr
         client.close()
         raise
     for node in wanted:
-        if _exists(client, node.container.name):
+        there = _existing(client, node.container.name)
+        if there is not None:
             client.close()
-            raise LabError(f"a container named {node.container.name!r} already exists; it is not this lab's to reuse",
-                           f"`labctl down {plan.lab}` if it is a lab of that name, or pick another name with --name")
+            owner = there.labels.get(container_nodes.LAB_LABEL)
+            raise LabError(f"a container named {node.container.name!r} already exists"
+                           + (f": lab {owner!r} has it" if owner else ", and no lab of labctl made it"),
+                           f"`labctl down {owner}` first, or give this lab another name with --name" if owner else
+                           f"`docker rm {node.container.name}` if it is a leftover; else give this lab another "
+                           "name with --name")
     return client
 
 
-def _exists(client, name: str) -> bool:
+def _existing(client, name: str):
     from labctl.containers import engine
     try:
-        client.containers.get(name)
-        return True
+        return client.containers.get(name)
     except engine.sdk().errors.NotFound:
-        return False
+        return None
 
 
 class _NsHandles:

@@ -8,7 +8,7 @@
     labctl> link leaf1:spine1 down            cut a link (and `up` again)
     labctl> exit
 
-History is kept in ~/.labctl_history; Tab completes commands, node names and ports. Every command
+History is kept in ~/.labctl_history of the user it runs as (root's under sudo); Tab completes commands, node names and ports. Every command
 also runs without the prompt: `labctl cli LAB -c 'pingall'` (several: separated by `;`).
 """
 from __future__ import annotations
@@ -17,6 +17,7 @@ import cmd
 import os
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +27,11 @@ import click
 from labctl.cli.base import cli
 from labctl.errors import LabError
 
-HISTORY = Path.home() / ".labctl_history"
+HISTORY_NAME = ".labctl_history"
+HISTORY_LINES = 1000
+# a labctl command of the prompt's: labctl imported first (at /), then run in the prompt's directory
+CHILD = ("import os, sys; from labctl.cli import main; os.chdir(sys.argv[1]); "
+         "sys.argv = ['labctl'] + sys.argv[2:]; main()")
 
 
 class Prompt(cmd.Cmd):
@@ -100,9 +105,11 @@ class Prompt(cmd.Cmd):
     def _labctl(self, argv: list[str]) -> None:
         """A labctl command on this lab, as its own process (its output is the command's)."""
         width = str(shutil.get_terminal_size().columns)      # its tables as wide as this terminal
-        # -P: never import a labctl/ folder of the directory the user stands in (this runs as root)
-        r = subprocess.run([sys.executable, "-P", "-m", "labctl", *argv], capture_output=True, text=True,
-                           env={**os.environ, "COLUMNS": width})
+        # -P and cwd=/: labctl is imported from its install, never from a labctl/ folder of the
+        # directory the user stands in (this runs as root); the command then runs where the user
+        # stands, so a relative path in it means what it means at the prompt
+        r = subprocess.run([sys.executable, "-P", "-c", CHILD, os.getcwd(), *argv], capture_output=True, text=True,
+                           env={**os.environ, "COLUMNS": width}, cwd="/")
         self.stdout.write(r.stdout + r.stderr)
         self.failed = self.failed or r.returncode != 0
 
@@ -188,18 +195,66 @@ def cli_(lab, commands):
     try:
         import readline
         readline.set_completer_delims(" \t")
-        if HISTORY.exists():
-            readline.read_history_file(HISTORY)
-    except (ImportError, OSError):
+    except ImportError:
         readline = None
+    history = history_file()
+    if readline is not None:
+        for line in read_history(history):
+            readline.add_history(line)
     try:
         prompt.cmdloop()
     except KeyboardInterrupt:
         prompt.say("")
     finally:
         if readline is not None:
-            try:
-                readline.write_history_file(HISTORY)
-                os.chmod(HISTORY, 0o600)
-            except OSError:
-                pass
+            n = readline.get_current_history_length()
+            write_history(history, [readline.get_history_item(i) for i in range(max(1, n - HISTORY_LINES + 1), n + 1)])
+
+
+def history_file() -> Path:
+    """~/.labctl_history of the user this runs as: root's under sudo, even with `sudo -E`, whose
+    $HOME is the calling user's (a file there is that user's to swap for a symlink)."""
+    import pwd
+    try:
+        return Path(pwd.getpwuid(os.geteuid()).pw_dir) / HISTORY_NAME
+    except KeyError:
+        return Path.home() / HISTORY_NAME
+
+
+def _open_history(path: Path, write: bool) -> int | None:
+    """The history file, opened without following a symlink, and only if it is a plain file of this
+    user's with no other name (a hard link to /etc/shadow is not a history file); else None, said why."""
+    flags = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | (os.O_RDWR | os.O_CREAT if write else os.O_RDONLY)
+    try:
+        fd = os.open(path, flags, 0o600)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        print(f"labctl: not using the history file {path}: {exc.strerror} (a symlink?)", file=sys.stderr)
+        return None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1:
+        os.close(fd)
+        print(f"labctl: not using the history file {path}: it is not a plain file of uid {os.geteuid()}'s "
+              "alone", file=sys.stderr)
+        return None
+    return fd
+
+
+def read_history(path: Path) -> list[str]:
+    fd = _open_history(path, write=False)
+    if fd is None:
+        return []
+    with os.fdopen(fd, "rb") as f:
+        lines = f.read(4 << 20).decode(errors="replace").splitlines()
+    return [line for line in lines if line and not line.startswith("_HiStOrY_V2_")][-HISTORY_LINES:]
+
+
+def write_history(path: Path, lines: list[str]) -> None:
+    fd = _open_history(path, write=True)
+    if fd is None:
+        return
+    with os.fdopen(fd, "wb") as f:
+        os.fchmod(f.fileno(), 0o600)
+        f.truncate(0)
+        f.write("".join(f"{line}\n" for line in lines if line).encode())

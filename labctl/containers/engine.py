@@ -16,10 +16,13 @@ identity in /run/labctl/engine-users/, and the engine is never stopped under a l
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
 import signal
+import socket
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -66,15 +69,61 @@ def answering() -> bool:
         return False
 
 
-def started_by_labctl() -> dict | None:
-    """The record of the dockerd labctl started, if that very process still runs."""
+def _read_record() -> dict | None:
     try:
         rec = json.loads(RECORD.read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(rec, dict) or procs.verified(str(rec.get("identity", ""))) is None:
+    return rec if isinstance(rec, dict) else None
+
+
+def started_by_labctl() -> dict | None:
+    """The record of the dockerd labctl started, if that very process still runs."""
+    rec = _read_record()
+    if rec is None or procs.verified(str(rec.get("identity", ""))) is None:
         return None
     return rec
+
+
+def _socket_identity() -> str | None:
+    """The engine socket's device, inode and change time: what labctl's record names as the socket
+    its dockerd made."""
+    try:
+        st = os.lstat(SOCKET)
+    except OSError:
+        return None
+    return f"{st.st_dev}:{st.st_ino}:{st.st_ctime_ns}" if stat.S_ISSOCK(st.st_mode) else None
+
+
+def _listening(path: str) -> bool:
+    """Something accepts connections on the unix socket `path` (a live engine, slow or not)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(2)
+    try:
+        s.connect(path)
+        return True
+    except OSError as exc:
+        return exc.errno not in (errno.ECONNREFUSED, errno.ENOENT, errno.ENOTSOCK)
+    finally:
+        s.close()
+
+
+def _refuse_foreign_socket() -> None:
+    """Before labctl starts dockerd: a socket where the engine's belongs is removed only if labctl's
+    own dockerd made it and has gone, never one that something else made or that is listening
+    (an engine slow to answer a ping is still an engine; dockerd would replace its socket)."""
+    if not os.path.lexists(SOCKET):
+        return
+    if _listening(SOCKET):
+        raise LabError(f"an engine listens on {SOCKET} but did not answer within 5 s; labctl starts no "
+                       "second one over it", "wait for it (`docker info`), or stop it, then try again")
+    rec = _read_record()
+    mine = rec is not None and rec.get("socket") is not None and rec.get("socket") == _socket_identity()
+    if not mine:
+        raise LabError(f"{SOCKET} exists, no engine answers on it, and labctl did not make it: labctl "
+                       "removes no file it did not create", f"if no Docker engine runs here, remove it "
+                       f"(rm {SOCKET}) and try again")
+    os.unlink(SOCKET)          # left by the dockerd labctl started, which died
 
 
 def status() -> dict:
@@ -108,8 +157,7 @@ def start(auto: bool, progress=None) -> int:
     dockerd = shutil.which("dockerd")
     if dockerd is None:
         raise LabError("dockerd is not installed, and a node of this lab has an image:", INSTALL_HINT)
-    if os.path.exists(SOCKET) and not answering():
-        os.unlink(SOCKET)          # a socket left by an engine that died; dockerd refuses to start over it
+    _refuse_foreign_socket()
     RUN_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
     if progress:
         progress("docker engine", 0, 1)
@@ -126,6 +174,7 @@ def start(auto: bool, progress=None) -> int:
         if answering():
             if progress:
                 progress("docker engine", 1, 1)
+            _write_record({**(_read_record() or {}), "socket": _socket_identity()})   # this socket is ours
             return p.pid
         time.sleep(0.1)
     stop(force=True)
@@ -156,6 +205,11 @@ def stop(force: bool = False) -> bool:
         time.sleep(0.05)
     if procs.verified(rec["identity"]) == pid:
         os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while procs.verified(rec["identity"]) == pid and time.monotonic() < deadline:
+            time.sleep(0.05)
+    if rec.get("socket") and rec.get("socket") == _socket_identity() and not _listening(SOCKET):
+        os.unlink(SOCKET)        # the socket our dockerd made and, killed, left behind
     RECORD.unlink(missing_ok=True)
     return True
 

@@ -61,26 +61,108 @@ def _returning():
             os.close(saved)
 
 
-def create(name: str) -> None:
-    """Create a named namespace in this process (no fork: ~1 ms instead of ~7 ms). Fails if it exists."""
+def create(name: str, note=None) -> None:
+    """Create a named namespace in this process (no fork: ~1 ms instead of ~7 ms). Fails if it exists.
+
+    `note(identity)` is called with the new namespace's identity (see identity()) before the
+    namespace gets its name: a caller that journals it there never leaves a named namespace that
+    it cannot prove it made, wherever it is killed."""
+    target = path(name)
+    _share_netns_dir()
     with _returning():
-        pr_netns.setns(name, flags=os.O_CREAT | os.O_EXCL, fork=False)
+        if _libc.unshare(CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"unshare: {os.strerror(err)}")
+        if note is not None:
+            note(_identity_here("/proc/thread-self/ns/net"))
+        _bind(target, "/proc/thread-self/ns/net")
 
 
 MS_BIND = 0x1000
+MS_REC = 0x4000
+MS_SHARED = 1 << 20
+SO_NETNS_COOKIE = 71          # Linux 5.14+: a namespace's 64-bit id, never reused while the machine runs
+_dir_shared = False
 
 
-def attach(name: str, pid: int) -> None:
-    """Name the network namespace of process `pid` (what `ip netns attach` does: a bind mount of
-    /proc/PID/ns/net); for nodes whose namespace a container engine made. Fails if the name exists."""
-    target = path(name)
+def _share_netns_dir() -> None:
+    """/var/run/netns as `ip netns add` leaves it: a shared mount (a bind of itself if need be), so
+    that a name bound in it is seen in every mount namespace."""
+    global _dir_shared
+    if _dir_shared:
+        return
     NETNS_DIR.mkdir(parents=True, exist_ok=True)
+    d = str(NETNS_DIR).encode()
+    if _libc.mount(b"", d, b"none", MS_SHARED | MS_REC, None) != 0:
+        if (_libc.mount(d, d, b"none", MS_BIND | MS_REC, None) != 0
+                or _libc.mount(b"", d, b"none", MS_SHARED | MS_REC, None) != 0):
+            err = ctypes.get_errno()
+            raise OSError(err, f"making {NETNS_DIR} a shared mount: {os.strerror(err)}")
+    _dir_shared = True
+
+
+def _bind(target: Path, source: str) -> None:
+    """Name the namespace `source` (a /proc/.../ns/net) as `target`; FileExistsError if the name is taken."""
     os.close(os.open(target, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0))
-    src = f"/proc/{int(pid)}/ns/net"
-    if _libc.mount(src.encode(), str(target).encode(), None, MS_BIND, None) != 0:
+    if _libc.mount(source.encode(), str(target).encode(), None, MS_BIND, None) != 0:
         err = ctypes.get_errno()
         target.unlink(missing_ok=True)
-        raise OSError(err, f"bind-mounting {src} on {target}: {os.strerror(err)}")
+        raise OSError(err, f"bind-mounting {source} on {target}: {os.strerror(err)}")
+
+
+def attach(name: str, pid: int, note=None) -> None:
+    """Name the network namespace of process `pid` (what `ip netns attach` does: a bind mount of
+    /proc/PID/ns/net); for nodes whose namespace a container engine made. Fails if the name exists.
+    `note(identity)` as for create()."""
+    target = path(name)
+    _share_netns_dir()
+    src = f"/proc/{int(pid)}/ns/net"
+    if note is not None:
+        note(_identity_here(src, enter=True))
+    _bind(target, src)
+
+
+def _identity_here(ns_file: str, enter: bool = False) -> str:
+    """The identity of namespace `ns_file` (of the calling thread's own, unless `enter`)."""
+    st = os.stat(ns_file)
+    if not enter:
+        return f"{st.st_dev}:{st.st_ino}:{_cookie()}"
+    fd = os.open(ns_file, os.O_RDONLY)
+    try:
+        with _returning():
+            _setns(fd)
+            return f"{st.st_dev}:{st.st_ino}:{_cookie()}"
+    finally:
+        os.close(fd)
+
+
+def _cookie() -> int:
+    """The calling thread's namespace's cookie; 0 on a kernel without one (before 5.14), where
+    the inode alone tells namespaces apart (the kernel reuses an inode once its namespace is gone)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        try:
+            return struct.unpack("Q", s.getsockopt(socket.SOL_SOCKET, SO_NETNS_COOKIE, 8))[0]
+        except OSError:
+            return 0
+
+
+def identity(name: str) -> str | None:
+    """"DEV:INODE:COOKIE" of the namespace named `name` now, or None if there is none. Two equal
+    identities are one namespace: the cookie, unlike the inode, is never given to a second
+    namespace while the machine runs (the journal pairs it with the boot ID for after a reboot)."""
+    try:
+        fd = os.open(path(name), os.O_RDONLY)
+    except (OSError, ValueError):
+        return None
+    try:
+        st = os.fstat(fd)
+        with _returning():
+            _setns(fd)
+            return f"{st.st_dev}:{st.st_ino}:{_cookie()}"
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ from labctl import backends, helpers, state
 from labctl.kernel import flowhash
 from labctl.dataplane import arrivals
 from labctl.errors import InputError, Where
+from labctl.backends.base import own_namespaces, refuse_taken_namespaces
 from labctl.kinds import node_kind
 from labctl.lifecycle import convergence, software
 from labctl.lifecycle.labs import backend_of, find_lab, require_root
@@ -55,26 +56,33 @@ def build(loaded: Loaded, backend: str = "netns", progress=None,
     """Build a loaded (validated) lab: its plan, by `backend`, with a record in the state directory."""
     plan, builder = plan_for(loaded, backend, build_images, trust)
     require_root("labctl up")
-    lab = state.claim(plan.lab, plan.to_dict(), topology_file)
-    lab.write_state(backend=backend)       # before anything exists: `clean` must know who built it
-    t0 = time.perf_counter()
-    kwargs = {"progress": progress} if progress else {}
-    builder.apply(plan, lab, **kwargs)
-    try:
-        software.run_exec_lines(plan, lab, progress)
-        software.learn_addresses(plan, lab)
-        converged = convergence.wait_converged(plan)
-        if converged:
-            lab.write_state(routing_converged_s=round(converged, 3))
-        start_controller(plan, lab)
-        start_line(plan, lab)
-    except BaseException:
-        builder.destroy(lab)
-        raise
-    elapsed = time.perf_counter() - t0
-    from labctl.telemetry import ledger
-    lab.write_state(status="up", pid=None, build_seconds=round(elapsed, 3),
-                    machine_counters_at_up=ledger.machine_wide_text())
+    with state.lock(f"labctl up {plan.lab}"):       # one up/down/clean at a time: names checked, then made
+        lab = state.claim(plan.lab, plan.to_dict(), topology_file)
+        try:
+            lab.write_state(backend=backend)       # before anything exists: `clean` must know who built it
+            refuse_taken_namespaces(plan)          # another lab's, named: nothing exists yet
+            t0 = time.perf_counter()
+            kwargs = {"progress": progress} if progress else {}
+            builder.apply(plan, lab, **kwargs)
+        except BaseException:
+            if lab.path.exists():      # refused before the backend made anything: no "building" record stays
+                builder.destroy(lab)
+            raise
+        try:
+            software.run_exec_lines(plan, lab, progress)
+            software.learn_addresses(plan, lab)
+            converged = convergence.wait_converged(plan)
+            if converged:
+                lab.write_state(routing_converged_s=round(converged, 3))
+            start_controller(plan, lab)
+            start_line(plan, lab)
+        except BaseException:
+            builder.destroy(lab)
+            raise
+        elapsed = time.perf_counter() - t0
+        from labctl.telemetry import ledger
+        lab.write_state(status="up", pid=None, build_seconds=round(elapsed, 3),
+                        machine_counters_at_up=ledger.machine_wide_text())
     return plan, lab, elapsed
 
 
@@ -102,8 +110,9 @@ def start_line(plan: LabPlan, lab: state.LabDir) -> int | None:
 
 def down(name_or_file: str) -> list[str]:
     require_root("labctl down")
-    lab = find_lab(name_or_file)
-    return backend_of(lab).destroy(lab)
+    with state.lock(f"labctl down {name_or_file}"):
+        lab = find_lab(name_or_file)
+        return backend_of(lab).destroy(lab)
 
 
 @dataclass
@@ -118,22 +127,21 @@ def clean(everything: bool = False) -> list[CleanResult]:
 
     Works from the lab records only: a namespace that no record lists is never touched.
     """
-    from labctl.kernel import nsutil
     require_root("labctl clean")
     out = []
-    for lab in state.all_labs():
-        st = lab.read_state()
-        pid = st.get("pid")
-        names = lab.namespaces()
-        if st.get("status") == "building" and state.building_now(st) and pid != os.getpid():
-            continue  # still being built
-        if st.get("status") == "building":
-            reason = f"build interrupted (process {pid} is gone)"
-        elif not any(nsutil.exists(n) for n in names):
-            reason = "record of a lab whose namespaces are gone"
-        elif everything:
-            reason = "--all"
-        else:
-            continue
-        out.append(CleanResult(lab.name, reason, backend_of(lab).destroy(lab)))
+    with state.lock("labctl clean"):
+        for lab in state.all_labs():
+            st = lab.read_state()
+            pid = st.get("pid")
+            if st.get("status") == "building" and state.building_now(st) and pid != os.getpid():
+                continue  # still being built
+            if st.get("status") == "building":
+                reason = f"build interrupted (process {pid} is gone)"
+            elif not own_namespaces(lab)[0]:
+                reason = "record of a lab whose namespaces are gone"
+            elif everything:
+                reason = "--all"
+            else:
+                continue
+            out.append(CleanResult(lab.name, reason, backend_of(lab).destroy(lab)))
     return out

@@ -8,6 +8,7 @@ document, and aliases may expand to a bounded number of values ("billion laughs"
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import yaml
@@ -18,6 +19,8 @@ Path = tuple  # of str | int
 
 MAX_DEPTH = 64          # a lab file is a handful of levels deep
 MAX_REPEATS = 10_000    # values an alias repeats: real files use a few, "billion laughs" billions
+MAX_BYTES = 16 << 20    # the largest input file read (the bundled ones are a few kB)
+MAX_INT_BITS = 1024     # past a double's range (about 300 digits): no rate, size or count is that large
 
 
 @dataclass
@@ -83,18 +86,43 @@ def load_yaml_file(path, what: str, keys: str, example: str) -> tuple[str, dict,
     `what` names the file for messages ("lab file"), `keys` hints at its top-level keys,
     `example` is a bundled file to start from.
     """
-    from pathlib import Path
-    path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except (OSError, ValueError) as exc:       # ValueError: a NUL byte in the path
-        raise InputError(Where(str(path)), f"cannot read the {what}: {getattr(exc, 'strerror', None) or exc}",
-                         f"check the path (e.g. {example})") from None
+    raw = read_input(path, what, example)
     text = decode(raw, str(path))
     data, smap = load_yaml(text, str(path))
     if not isinstance(data, dict):
         raise InputError(Where(str(path), 1), f"a {what} is a YAML mapping ({keys} ...)", f"start from {example}")
     return text, data, smap
+
+
+def read_input(path, what: str, example: str) -> bytes:
+    """The bytes of an input file, only if it is a regular file of at most MAX_BYTES: a FIFO would
+    block the read for ever, /dev/zero or /dev/urandom would never end (labctl run /dev/zero)."""
+    import stat
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)    # a FIFO's open waits for a writer
+    except (OSError, ValueError) as exc:       # ValueError: a NUL byte in the path
+        raise InputError(Where(str(path)), f"cannot read the {what}: {getattr(exc, 'strerror', None) or exc}",
+                         f"check the path (e.g. {example})") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InputError(Where(str(path)), f"the {what} is not a regular file (a device, a FIFO or a "
+                             "directory)", f"give a YAML file (e.g. {example})")
+        chunks, size = [], 0
+        while size <= MAX_BYTES:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as exc:
+        raise InputError(Where(str(path)), f"cannot read the {what}: {exc.strerror}",
+                         f"check the path (e.g. {example})") from None
+    finally:
+        os.close(fd)
+    if size > MAX_BYTES:
+        raise InputError(Where(str(path)), f"the {what} is larger than {MAX_BYTES >> 20} MB",
+                         "a lab, workload or experiment is a few kB: generate a template instead")
+    return b"".join(chunks)
 
 
 def decode(raw: bytes, file: str) -> str:
@@ -108,6 +136,10 @@ def decode(raw: bytes, file: str) -> str:
 
 
 def _convert(node: yaml.Node, path: Path, smap: SourceMap, seen: set, repeats: list) -> object:
+    if len(path) > MAX_DEPTH:            # the text is no deeper (_check_depth): aliases nest it, or loop
+        raise InputError(Where(smap.file, node.start_mark.line + 1),
+                         f"aliases nest values more than {MAX_DEPTH} levels deep (an alias inside the value it names?)",
+                         "write the values out")
     if id(node) in seen:                 # an alias: the same node once more
         repeats[0] += 1
         if repeats[0] > MAX_REPEATS:
@@ -145,11 +177,19 @@ def _scalar(node: yaml.Node, smap: SourceMap, path: Path = ()) -> object:
     a !custom), a malformed timestamp or number, an integer past Python's digit limit."""
     where = Where(smap.file, node.start_mark.line + 1, dotted(path) or None)
     try:
-        return yaml.SafeLoader.construct_object(_LOADER, node)
+        value = yaml.SafeLoader.construct_object(_LOADER, node)
+        if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
+            # hex, binary or base-60 skip Python's digit limit: such a number could not even be
+            # printed in an error message later (ValueError), let alone be a rate or a size
+            raise InputError(where, f"an integer of more than {MAX_INT_BITS * 3 // 10} digits is not a value "
+                             "labctl reads", "write a number of a sensible size (or quote it to keep it as text)")
+        return value
     except yaml.constructor.ConstructorError:
         raise InputError(where, f"the tag {node.tag!r} is not one labctl reads",
                          "remove the tag: values are plain strings, numbers, booleans, lists and mappings") from None
-    except (ValueError, OverflowError, TypeError) as exc:
+    except InputError:
+        raise
+    except Exception as exc:      # PyYAML's constructors fail every way on hostile text (`!!timestamp x`)
         raise InputError(where, f"{str(node.value)[:40]!r} is not a value labctl can read: {str(exc)[:80]}",
                          "quote it to keep it as text, or write a plain number or date") from None
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labctl import procs
+from labctl.paths import new_run_dir  # noqa: F401  (where callers have always found it)
 from labctl.telemetry.stallwatch import StallWatch
 from labctl.telemetry import reaction
 from labctl.errors import InputError, LabError, Where
@@ -19,8 +20,8 @@ from labctl.telemetry.sampler import QueueSampler
 from labctl.traffic import algorithms, causes, fabricmap, flows, fsdp, placement, schedule as sch, train_run
 from labctl.traffic.dcqcn import Params
 from labctl.traffic.tcpflow import FlowRun
-from labctl.traffic.pool import AgentPool, RunOptions, bound_parts, gpu_ranks, local_index
-from labctl.traffic.workload import LoadedWorkload
+from labctl.traffic.pool import ID_MASK, AgentPool, RunOptions, bound_parts, gpu_ranks, local_index
+from labctl.traffic.workload import MAX_OPS, LoadedWorkload
 
 
 @dataclass
@@ -84,29 +85,43 @@ def build_ops(plan: LabPlan, loaded: LoadedWorkload, ranks: list[int]) -> list[O
         if f.group_by:
             ranks, group_size = _grouped(plan, ranks, f.group_by, loaded)
         stages = fsdp.fsdp_step(model, ranks, f.strategy, group_size, f.prefetch, f.scale)
-        for it in range(w.warmup + w.iterations):
-            for k, stage in enumerate(stages):
-                ids = itertools.count()
-                transfers = []
-                for c in stage:
-                    for grp in c.groups:
-                        transfers += sch.GENERATORS[c.collective](list(grp), c.size, o.slice, o.channels,
-                                                                  ids).transfers
-                label = " + ".join(c.label for c in stage)
-                ops.append(Op(label, "fsdp_stage", sum(c.size for c in stage),
-                              sch.Schedule("fsdp_stage", ranks, sum(c.size for c in stage), transfers),
-                              it - w.warmup, it < w.warmup, k))
-        return ops
+        if len(stages) * (w.warmup + w.iterations) > MAX_OPS:
+            raise InputError(loaded.smap.where(("iterations",)) if loaded.smap else Where(str(loaded.file), key="iterations"),
+                             f"{len(stages)} stages a step x {w.warmup + w.iterations:,} steps is more than the "
+                             f"{MAX_OPS:,} operations one workload plays", "fewer iterations")
+        played = []          # one step's stages, scheduled once: every step plays the same schedules
+        for stage in stages:
+            ids = itertools.count()
+            transfers = []
+            for c in stage:
+                for grp in c.groups:
+                    transfers += sch.GENERATORS[c.collective](list(grp), c.size, o.slice, o.channels, ids).transfers
+            size = sum(c.size for c in stage)
+            played.append((" + ".join(c.label for c in stage), size, sch.Schedule("fsdp_stage", ranks, size, transfers)))
+        return [Op(label, "fsdp_stage", size, s, it - w.warmup, it < w.warmup, k)
+                for it in range(w.warmup + w.iterations) for k, (label, size, s) in enumerate(played)]
     for size in w.size_list():
-        for it in range(w.warmup + w.iterations):
-            if w.collective == "hier_all_reduce" or w.algorithm != "ring":
-                s = algorithms.schedule(plan, w.collective, w.algorithm, ranks, size, o.slice, o.channels, w.options.alpha)
-            else:
-                s = sch.GENERATORS[w.collective](ranks, size, o.slice, o.channels)
-            if w.victim:
-                s = _with_victim(plan, loaded, s)
-            ops.append(Op(f"{w.collective} {size}", w.collective, size, s, it - w.warmup, it < w.warmup))
+        # one schedule a size, played by each of its iterations (schedules are never changed by playing)
+        if w.collective == "hier_all_reduce" or w.algorithm != "ring":
+            s = algorithms.schedule(plan, w.collective, w.algorithm, ranks, size, o.slice, o.channels, w.options.alpha)
+        else:
+            s = sch.GENERATORS[w.collective](ranks, size, o.slice, o.channels)
+        if w.victim:
+            s = _with_victim(plan, loaded, s)
+        ops += [Op(f"{w.collective} {size}", w.collective, size, s, it - w.warmup, it < w.warmup)
+                for it in range(w.warmup + w.iterations)]
     return ops
+
+
+def largest_op(loaded: LoadedWorkload, n: int) -> int:
+    """The transfers of a collective workload's largest operation over `n` ranks, estimated from
+    above without building it: 2 passes x n ranks x (slices + n) x channels (a ring all-reduce makes
+    2(n-1) n ceil(size/n/slice) per channel). 0 for FSDP and training steps, whose sizes a preset sets."""
+    w = loaded.workload
+    if not w.collective or w.sizes is None:
+        return 0
+    o = w.options
+    return 2 * n * (-(-max(w.size_list(), default=0) // o.slice) + n) * o.channels
 
 
 def victim_ranks(plan: LabPlan, loaded: LoadedWorkload) -> list[int]:
@@ -160,15 +175,30 @@ RINGS = ("all_reduce", "reduce_scatter", "all_gather")
 MAX_TRACED_FLOWS = 1024     # a trace asks every hop's kernel: about 3 ms a flow
 
 
-def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Path, progress=None,
-                 trace=None) -> dict:
-    """Play a workload; `trace` (lab.trace_path) lets the report say where ECMP put a ring's hops."""
+def prepare(plan: LabPlan, loaded: LoadedWorkload, build: bool = True) -> tuple[list[int], list[Op], list]:
+    """Everything of a workload checked against the lab's plan, before a byte is sent or a file
+    written: its ranks, its operations' schedules (not built if not `build`) and its TCP flows, or a
+    located InputError."""
     w = loaded.workload
     collectives = w.collective is not None or w.fsdp is not None or w.train is not None
     ranks = participants(plan, loaded) if collectives else []
     ranks += [r for r in victim_ranks(plan, loaded) if r not in ranks]
-    ops = build_ops(plan, loaded, ranks) if collectives else []
-    tcp_flows = flows.sequences(plan, w.flows, str(loaded.file))
+    largest = largest_op(loaded, len(ranks))
+    if largest > ID_MASK:
+        o = w.options
+        raise InputError(loaded.smap.where(("sizes",)) if loaded.smap else Where(str(loaded.file), key="sizes"),
+                         f"an operation of {max(w.size_list()):,} bytes in slices of {o.slice:,} B over {len(ranks)} "
+                         f"GPUs is about {largest:,} transfers, more than the {ID_MASK:,} one operation can number",
+                         "a larger options.slice, smaller sizes or fewer participants")
+    ops = build_ops(plan, loaded, ranks) if collectives and build else []
+    return ranks, ops, flows.sequences(plan, w.flows, str(loaded.file))
+
+
+def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Path, progress=None,
+                 trace=None) -> dict:
+    """Play a workload; `trace` (lab.trace_path) lets the report say where ECMP put a ring's hops."""
+    w = loaded.workload
+    ranks, ops, tcp_flows = prepare(plan, loaded)
     out_dir.mkdir(parents=True, exist_ok=True)   # new_run_dir() made it for a command; experiments nest runs
     (out_dir / "workload.yml").write_text(loaded.text)
     (out_dir / "plan.json").write_text(json.dumps(plan.to_dict()))
@@ -346,17 +376,3 @@ def _fsdp_summary(w, ranks: list[int], results: list[dict]) -> dict:
 def default_run_dir(name: str, base: Path | None = None) -> Path:
     base = base or Path("runs")
     return base / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}"
-
-
-def new_run_dir(path: Path, option: str = "--out") -> Path:
-    """Create a run directory that is new (or empty): results are never mixed with, or written over,
-    what another run or another user left there."""
-    path = Path(path)
-    if path.is_symlink() or (path.exists() and not path.is_dir()):
-        raise LabError(f"{option} {path} is not a directory", "give a new directory for the run")
-    if path.is_dir() and any(path.iterdir()):
-        raise LabError(f"{option} {path} is not empty: a run directory is made new, so that its files are "
-                       "this run's alone", "choose a new directory, or leave --out out for runs/<time>-<name>")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-

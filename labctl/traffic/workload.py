@@ -38,6 +38,11 @@ from labctl.units import parse_duration_ns, parse_rate, parse_size
 Size = Annotated[int, BeforeValidator(parse_size), Field(gt=0, description="a size such as 16MB or 512KiB")]
 
 
+# operations one workload plays (sizes x (warmup + iterations), or FSDP stages x steps): each is
+# scheduled before the first is sent, and 10,000 of the smallest already take minutes of lab time
+MAX_OPS = 10_000
+
+
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -120,8 +125,8 @@ class Workload(Strict):
         "ring", description="all_reduce's algorithm: ring, tree (NCCL's double binary tree), hier (NVLink "
                             "first), auto (the fastest by the α-β bound, as NCCL's tuner picks)")
     sizes: Sweep | list[Size] | Size | None = None
-    iterations: int = Field(1, ge=1)
-    warmup: int = Field(0, ge=0)
+    iterations: int = Field(1, ge=1, le=MAX_OPS)
+    warmup: int = Field(0, ge=0, le=MAX_OPS)
     participants: str | list[str] = Field("all", description="all, rail:N, or a list of GPU node names")
     root: str | None = None
     options: Options = Options()
@@ -146,6 +151,15 @@ class Workload(Strict):
         if self.collective and self.sizes is None:
             raise ValueError("a collective needs sizes: (e.g. sizes: 16MB, or {begin: 1MB, end: 64MB})")
         return self
+
+    def size_count(self) -> int:
+        """len(size_list()), without making the list (a factor of 1.0000001 would make millions)."""
+        if isinstance(self.sizes, Sweep):
+            import math
+            if self.sizes.end < self.sizes.begin:
+                return 0
+            return int(math.log(self.sizes.end / self.sizes.begin * (1 + 1e-9)) / math.log(self.sizes.factor)) + 1
+        return len(self.sizes) if isinstance(self.sizes, list) else 1
 
     def size_list(self) -> list[int]:
         if isinstance(self.sizes, Sweep):
@@ -178,6 +192,16 @@ def load_workload(file: str | Path) -> LoadedWorkload:
             raise InputError(smap.where(()), err["msg"].removeprefix("Value error, "),
                              "see the workload format in README.md") from None
         raise input_error(exc, smap, Workload) from None
+    if w.collective and w.sizes is not None:
+        if w.size_count() == 0:
+            raise InputError(smap.where(("sizes",)), "no sizes to play (an empty list, or a sweep whose end is "
+                             "below its begin)", "give at least one size, e.g. sizes: 16MB")
+        plays = w.size_count() * (w.warmup + w.iterations)
+        if plays > MAX_OPS:
+            key = "iterations" if w.size_count() <= MAX_OPS else "sizes"
+            raise InputError(smap.where((key,)), f"{w.size_count():,} sizes x {w.warmup + w.iterations:,} iterations "
+                             f"(warmup included) is {plays:,} operations; one workload plays at most {MAX_OPS:,}",
+                             "fewer sizes (a larger factor:) or fewer iterations; split it into several workloads")
     if w.fsdp:
         try:
             fsdp.model_from(w.fsdp.model, w.fsdp.layers, w.fsdp.hidden, w.fsdp.params_per_layer, w.fsdp.dtype)
