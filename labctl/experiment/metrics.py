@@ -7,6 +7,7 @@ from pathlib import Path
 from statistics import mean
 
 from labctl.experiment import wan
+from labctl.telemetry.fabricports import link_imbalance
 from labctl.kinds import fabric_kind
 from labctl.plan.model import LabPlan
 
@@ -45,6 +46,17 @@ def uplink_imbalance(plan: LabPlan, deltas: dict) -> float:
     return worst
 
 
+def ring_collisions(placement: dict) -> int:
+    """Ring hops on a spine that another hop of the ring takes too (results.json's ring_placement)."""
+    spines = [h["spine"] for h in placement.get("hops", [])]
+    return sum(1 for s in spines if spines.count(s) > 1)
+
+
+def reordering_metrics(r: dict) -> dict[str, float]:
+    return {"reordered_share": r.get("reordered_share", 0.0), "naks": r.get("naks", 0),
+            "retransmitted_bytes": r.get("retransmitted_bytes", 0)}
+
+
 def run_metrics(plan: LabPlan, run_dir: Path, wan_bytes: float = 0.0) -> dict[str, float]:
     doc = json.loads((run_dir / "results.json").read_text())
     results = doc["results"]
@@ -74,6 +86,9 @@ def run_metrics(plan: LabPlan, run_dir: Path, wan_bytes: float = 0.0) -> dict[st
         "pfc_rx": sum(d["pfc_rx"] for d in deltas.values()),
         "max_depth": max([d["max_depth"] for k, d in deltas.items() if k in lossless] or [0]),
         "uplink_imbalance": uplink_imbalance(plan, deltas),
+        "link_imbalance": link_imbalance(doc.get("uplinks") or {})["worst"],
+        **reordering_metrics(doc.get("reordering") or {}),
+        "ring_collisions": ring_collisions(doc.get("ring_placement") or {}),
         "wan_bytes": wan_bytes,
         "tcp_goodput_bps": sum(f["received"] for f in flows) * 8 / span if span else 0.0,
         "victim_time_s": sum(r.get("victim_s") or 0.0 for r in results),

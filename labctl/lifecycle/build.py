@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labctl import backends, helpers, state
-from labctl.kernel import flowhash
+from labctl.kernel import flowhash, lb
 from labctl.dataplane import arrivals
 from labctl.errors import InputError, Where
 from labctl.kinds import node_kind
@@ -61,6 +61,7 @@ def build(loaded: Loaded, backend: str = "netns", progress=None,
     kwargs = {"progress": progress} if progress else {}
     builder.apply(plan, lab, **kwargs)
     try:
+        lb.wire(plan)
         software.run_exec_lines(plan, lab, progress)
         software.learn_addresses(plan, lab)
         converged = convergence.wait_converged(plan)
