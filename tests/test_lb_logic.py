@@ -158,20 +158,27 @@ def test_adaptive_sends_each_packet_to_the_shallowest_uplink(weights):
     vm = Vm({DEPTH_FD: depth})
     rnd = random.Random(n)
     targets = steer_targets(weights)
-    for turn in range(40):
+    for last in list(range(n)) * 10:
         depths = [rnd.choice((0, 0, 1500, 4096, 9000, 2 ** 40, -1500)) for _ in range(n)]
-        depth.values[0][:] = struct.pack(f"<Q{n}q", turn, *depths)
+        depth.values[0][:] = struct.pack(f"<Q{n}q", last, *depths)
         got = run(fh, frame(rnd.getrandbits(32), rnd.getrandbits(32)), vm)
-        pick = adaptive_pick(depths, turn)
+        pick = adaptive_pick(depths, last)
         assert got == targets[pick]
         assert select(got, weights, [True] * n) == pick
         assert depths[pick] == min(depths)
-        assert struct.unpack_from("<Q", depth.values[0])[0] == turn + 1      # the turn counts packets
+        assert struct.unpack_from("<Q", depth.values[0])[0] == pick          # the next scan starts after it
 
 
-def test_adaptive_idle_uplinks_take_packets_in_turn():
-    assert [adaptive_pick([0, 0, 0], t) for t in range(6)] == [0, 1, 2, 0, 1, 2]
-    assert [adaptive_pick([5, 0, 0], t) for t in range(3)] == [1, 1, 2]
+def test_adaptive_uplinks_that_tie_take_packets_in_turn():
+    def picks(depths, count):
+        out, last = [], len(depths) - 1
+        for _ in range(count):
+            last = adaptive_pick(depths, last)
+            out.append(last)
+        return out
+    assert picks([0, 0, 0], 6) == [0, 1, 2, 0, 1, 2]
+    # an uplink whose queue builds drops out, and the others share its part evenly
+    assert picks([5, 0, 0, 0], 6) == [1, 2, 3, 1, 2, 3]
 
 
 def test_depth_counters_add_at_the_queue_and_take_away_at_the_far_end():
@@ -194,3 +201,26 @@ def test_every_mode_is_whole_instructions_whose_jumps_land_inside_it():
         for k, (op, _regs, off, _imm) in enumerate(insns):
             if op & 0x07 == 0x05 and op not in (kernel_side.CALL, kernel_side.EXIT):
                 assert 0 <= k + 1 + off < len(insns), (mode, k, off)
+
+
+def test_link_imbalance_is_max_over_mean_per_leaf_and_direction():
+    from labctl.telemetry.fabricports import link_imbalance
+    uplinks = {"leaf1": {"spine1": {"up": 3_000_000, "down": 1_000_000}, "spine2": {"up": 1_000_000, "down": 1_000_000}},
+               "leaf2": {"spine1": {"up": 0, "down": 0}, "spine2": {"up": 0, "down": 500}}}
+    got = link_imbalance(uplinks)
+    assert got["worst"] == 1.5 and got["per_leaf"] == {"leaf1 up": 1.5, "leaf1 down": 1.0}
+    assert link_imbalance({"leaf1": {"a": {"up": 0, "down": 0}, "b": {"up": 0, "down": 0}}}, floor=0)["worst"] == 1.0
+
+
+def test_a_collision_is_two_ring_hops_out_of_one_switch_port():
+    from labctl.experiment.metrics import ring_collisions
+    from labctl.traffic.placement import collision_note
+    hops = [{"from": "a", "to": "b", "sport": 1, "spine": "spine1", "links": ["leaf1:spine1", "spine1:leaf2"]},
+            {"from": "c", "to": "d", "sport": 1, "spine": "spine1", "links": ["leaf3:spine1", "spine1:leaf4"]},
+            {"from": "e", "to": "f", "sport": 1, "spine": "spine2", "links": ["leaf1:spine2", "spine2:leaf4"]}]
+    assert collision_note(hops) is None and ring_collisions({"hops": hops}) == 0    # one spine, no shared link
+    hops[2]["links"] = ["leaf1:spine1", "spine1:leaf4"]
+    note = collision_note(hops)
+    assert "a -> b and e -> f on leaf1:spine1" in note and "c -> d and e -> f on spine1:leaf4" in note
+    assert "about 2x its bound" in note
+    assert ring_collisions({"hops": hops}) == 3

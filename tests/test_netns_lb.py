@@ -150,6 +150,8 @@ def test_adaptive_keeps_off_the_uplink_whose_queue_builds(lab):
     try:
         sent = burst(plan, 2000)
         assert sent["spine1"] < 0.15 * sum(sent.values()), sent
+        others = [sent[s] for s in SPINES[1:]]          # and the other three share its part evenly
+        assert max(others) <= 1.15 * min(others), sent
         out = route(plan)
         assert "queued now toward spine1" in out and "the shallowest is" in out, out
     finally:

@@ -47,9 +47,38 @@ def uplink_imbalance(plan: LabPlan, deltas: dict) -> float:
 
 
 def ring_collisions(placement: dict) -> int:
-    """Ring hops on a spine that another hop of the ring takes too (results.json's ring_placement)."""
-    spines = [h["spine"] for h in placement.get("hops", [])]
-    return sum(1 for s in spines if spines.count(s) > 1)
+    """Ring hops that leave a switch by a port another hop of the ring takes too (results.json's
+    ring_placement)."""
+    from labctl.traffic.placement import shared_links
+    return len({(h["from"], h["to"]) for hs in shared_links(placement.get("hops", [])).values() for h in hs})
+
+
+def predicted_imbalance(plan: LabPlan, doc: dict) -> float:
+    """link_imbalance as the hash predicts it: the spine of every pair's QPs as `labctl route`
+    traces them (results.json's fabric_paths), each pair's bytes shared equally by its QPs and
+    taken as equal across pairs, as in a ring. 0 where the run has no such trace (a mode whose
+    path is per packet, more QPs than traced)."""
+    from labctl.traffic.placement import paths_fixed
+    from labctl.traffic.pool import gpu_ranks, path_ports
+    paths = doc.get("fabric_paths") or []
+    if not paths or not paths_fixed(plan):
+        return 0.0
+    ranks = gpu_ranks(plan)
+    qps: dict[tuple[int, int], int] = {}
+    for p in paths:
+        qps[(p["src"], p["dst"])] = qps.get((p["src"], p["dst"]), 0) + 1
+    load: dict[str, dict[str, int | float]] = {}
+    for p in paths:
+        ia, ib = path_ports(plan, ranks[p["src"]], ranks[p["dst"]])
+        share = 1 / qps[(p["src"], p["dst"])]
+        for leaf, way in ((ia.peer_node, "up"), (ib.peer_node, "down")):
+            ports = load.setdefault(leaf, {})
+            ups = [i for i in plan.node(leaf).interfaces if plan.node(i.peer_node).forwarding]
+            for i in ups:
+                ports.setdefault(i.name, {"up": 0.0, "down": 0.0})
+            port = next(i.name for i in ups if i.peer_node == p["spine"])
+            ports[port][way] += share
+    return link_imbalance(load, floor=0)["worst"]
 
 
 def reordering_metrics(r: dict) -> dict[str, float]:
@@ -89,6 +118,7 @@ def run_metrics(plan: LabPlan, run_dir: Path, wan_bytes: float = 0.0) -> dict[st
         "link_imbalance": link_imbalance(doc.get("uplinks") or {})["worst"],
         **reordering_metrics(doc.get("reordering") or {}),
         "ring_collisions": ring_collisions(doc.get("ring_placement") or {}),
+        "predicted_imbalance": predicted_imbalance(plan, doc),
         "wan_bytes": wan_bytes,
         "tcp_goodput_bps": sum(f["received"] for f in flows) * 8 / span if span else 0.0,
         "victim_time_s": sum(r.get("victim_s") or 0.0 for r in results),

@@ -111,7 +111,9 @@ def run_experiment(path: Path, out: Path, say=lambda msg: print(msg, file=sys.st
     checks = judge(exp, metrics)
     figures = draw(plan, runs, out)
     if exp.figure:
-        plots.summary(metrics, exp.figure, out / "summary.png")
+        bounds = {e.metric: e.value for e in exp.expect if e.op in ("<", "<=") and e.value is not None
+                  and e.share_of is None and e.metric in exp.figure}
+        plots.summary(metrics, exp.figure, out / "summary.png", bounds)
     doc = {"experiment": exp.name, "description": exp.description.strip(), "metrics": metrics,
            "expectations": checks, "passed": all(c["passed"] for c in checks), "plots": figures,
            "captures": captures, "runs": {k: str(v.relative_to(out)) for k, v in runs.items()},

@@ -54,8 +54,10 @@ METRICS = {
     "reordered_share": "data packets that arrived after a later one of their QP / data packets (first transmissions)",
     "naks": "NAKs (PSN sequence error) the receivers sent",
     "retransmitted_bytes": "bytes on the wire that go-back-N sent again",
-    "ring_collisions": "ring hops that ECMP put on a spine another hop of the ring also takes (0 with no "
-                       "collision, or where paths are not fixed per flow)",
+    "ring_collisions": "ring hops that ECMP sent out of a switch port another hop of the ring also takes (0 "
+                       "with no collision, or where paths are not fixed per flow)",
+    "predicted_imbalance": "link_imbalance as the hash predicts it from `labctl route`'s trace of every pair's "
+                           "QPs (0 where paths are per packet)",
     "wan_bytes": "bytes the WAN line delivered during the run",
     "tcp_goodput_bps": "TCP flows' bytes x 8 / their span, lab bit/s",
     "fsdp_bytes_ratio": "FSDP: bytes sent per rank / (3(n-1)/n x model) (1 = as FSDP predicts)",

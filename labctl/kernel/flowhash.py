@@ -266,8 +266,8 @@ def _steer(a: Asm, targets: list[int], reg: int):
 
 def _adaptive(a: Asm, fh: FlowHash, depth_fd: int, finalise, lookup):
     """The uplink with the fewest bytes queued (adaptive_pick): depths[1 + k] are what entered
-    uplink k's queue less what reached its far end; depths[0] counts packets, for the turn that
-    breaks ties. Branch-free minimum, so the verifier walks one path whatever n is."""
+    uplink k's queue less what reached its far end; depths[0] is the last pick, after which the
+    scan starts (ties go round). Branch-free minimum, so the verifier walks one path whatever n is."""
     n = len(fh.group)
     finalise()                                  # without the map: the flow's own hash
     a.op(MOV_K, R1, imm=0)
@@ -275,10 +275,8 @@ def _adaptive(a: Asm, fh: FlowHash, depth_fd: int, finalise, lookup):
     lookup(depth_fd, KEY)
     a.jump(JEQ_K, R0, "set", imm=0)
     a.op(MOV_X, R7, R0)                         # the packet pointers are done with
-    a.op(LDX_DW, R3, R7, 0)
-    a.op(MOV_X, R4, R3)
-    a.op(ADD_K, R4, imm=1)
-    a.op(STX_DW, R7, R4, 0)
+    a.op(LDX_DW, R3, R7, 0)                     # the last pick: the scan starts after it
+    a.op(ADD_K, R3, imm=1)
     a.op(MOD_K, R3, imm=n)
     a.jump(JGE_K, R3, "set", imm=n)             # never: it tells the verifier R3 < n
     a.op(MOV_X, R4, R3)                         # best
@@ -304,6 +302,7 @@ def _adaptive(a: Asm, fh: FlowHash, depth_fd: int, finalise, lookup):
         a.op(XOR_X, R1, R4)
         a.op(AND_X, R1, R2)
         a.op(XOR_X, R4, R1)                     # best = this one where shallower
+    a.op(STX_DW, R7, R4, 0)
     _steer(a, steer_targets(fh.weights), R4)
 
 

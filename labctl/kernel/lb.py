@@ -11,7 +11,7 @@ On each router of a lab with `lb:` (plan/lb.py):
 
 So an uplink's depth is what entered its queue and has not reached the far end yet: the queue
 and the wire, and it grows while PFC holds the queue. One array map per router holds its depths
-(value: a packet count for adaptive's turn, then one signed 64-bit depth per uplink), whatever its
+(value: adaptive's last pick, then one signed 64-bit depth per uplink), whatever its
 mode, so that `labctl route` can show them and a change to `adaptive` finds them counting. A frame
 lost between the two counters (a lossy class's full queue, a WAN line's loss) stays counted: the
 depth is then an upper bound, and `labctl route` shows it.
@@ -164,8 +164,8 @@ def _maps_of(sock, node: Node, pref: int, ingress: bool) -> dict[str, int]:
 
 
 def depths(node: Node) -> tuple[int, list[int]] | None:
-    """(packets adaptive has placed: its turn; bytes in each uplink's queue and wire now, in the
-    group's order), or None without counters."""
+    """(adaptive's last pick; bytes in each uplink's queue and wire now, in the group's order), or
+    None without counters."""
     if not node.flow_hash or not node.flow_hash.group:
         return None
     with nsutil.netlink_socket(node.namespace) as sock:

@@ -39,9 +39,9 @@ def packet_hash(node: Node, src: str, dst: str, proto: int, sport: int, dport: i
     if fh.mode == "adaptive" and fh.group:
         got = lb.depths(node)
         if got is not None:
-            turn, depths = got
-            pick = fhm.adaptive_pick(depths, turn)
-            facts.update(depths=depths, pick=pick, turn=turn)
+            last, depths = got
+            pick = fhm.adaptive_pick(depths, last)
+            facts.update(depths=depths, pick=pick)
             return fhm.steer_targets(fh.weights)[pick], facts
     return key, facts
 

@@ -138,11 +138,12 @@ def steer_targets(weights: list[int]) -> list[int]:
     return [max(0, bound) << 1 for bound in upper_bounds(weights, [True] * len(weights))]
 
 
-def adaptive_pick(depths: list[int], turn: int) -> int:
-    """adaptive: the next hop with the fewest bytes queued; a tie goes to the first from `turn`
-    (the router's packet count modulo the next hops), so idle uplinks take packets in turn."""
+def adaptive_pick(depths: list[int], last: int) -> int:
+    """adaptive: the next hop with the fewest bytes queued; a tie goes to the first after the
+    router's `last` pick, so the uplinks that tie take packets in turn (an uplink whose queue
+    builds drops out of the turn, and the others share its part evenly)."""
     n = len(depths)
-    start = turn % n
+    start = (last + 1) % n
     best = start
     for i in range(1, n):
         j = (start + i) % n

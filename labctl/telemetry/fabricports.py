@@ -57,7 +57,7 @@ def link_imbalance(uplinks: dict, floor: int = 1_000_000) -> dict:
     for leaf, ports in uplinks.items():
         for way in ("up", "down"):
             values = [v[way] for v in ports.values()]
-            if len(values) > 1 and sum(values) >= floor:
+            if len(values) > 1 and sum(values) > 0 and sum(values) >= floor:
                 ratio = max(values) / (sum(values) / len(values))
                 per[f"{leaf} {way}"] = round(ratio, 4)
                 worst = max(worst, ratio)

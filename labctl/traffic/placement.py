@@ -32,9 +32,12 @@ def ring_hops(plan: LabPlan, trace, order: list[int] | None = None, sport_policy
         peer = order[(i + 1) % len(order)]
         _, dst = path_ports(plan, ranks[r], ranks[peer])
         sport = roce.udp_sport(qpn(r, peer, 0), qpn(peer, r, 0)) if sport_policy == "per-qp" else 0xC000
-        for h in trace(plan, ranks[r].name, dst.address.split("/")[0], sport, roce.ROCE_PORT, qp=qpn(peer, r, 0)):
+        path = trace(plan, ranks[r].name, dst.address.split("/")[0], sport, roce.ROCE_PORT, qp=qpn(peer, r, 0))
+        links = [f"{h['node']}:{h['out']}" for h in path if h["out"] and plan.node(h["node"]).forwarding]
+        for h in path:
             if h["node"] in spines:
-                out.append({"from": ranks[r].name, "to": ranks[peer].name, "sport": sport, "spine": h["node"]})
+                out.append({"from": ranks[r].name, "to": ranks[peer].name, "sport": sport, "spine": h["node"],
+                            "links": links})
     return out
 
 
@@ -59,19 +62,26 @@ def ring_spines(plan: LabPlan, trace) -> list[str]:
     return [h["spine"] for h in ring_hops(plan, trace)]
 
 
-def collision_note(hops: list[dict]) -> str | None:
-    """One line saying which ring hops share a spine, how to see it and how to draw again."""
-    by_spine: dict[str, list[dict]] = {}
+def shared_links(hops: list[dict]) -> dict[str, list[dict]]:
+    """Each switch port (NODE:PORT) that two or more ring hops leave by, with those hops."""
+    by_link: dict[str, list[dict]] = {}
     for h in hops:
-        by_spine.setdefault(h["spine"], []).append(h)
-    shared = [(s, hs) for s, hs in by_spine.items() if len(hs) > 1]
+        for link in h.get("links") or [h["spine"]]:
+            by_link.setdefault(link, []).append(h)
+    return {link: hs for link, hs in by_link.items() if len(hs) > 1}
+
+
+def collision_note(hops: list[dict]) -> str | None:
+    """One line saying which ring hops ECMP put on one link, how to see it and how to draw again."""
+    shared = shared_links(hops)
     if not shared:
         return None
-    spine, hs = shared[0]
-    names = " and ".join(f"{h['from']} -> {h['to']}" for h in hs)
-    first = hs[0]
-    return (f"ECMP put the ring's hops {names} on one spine ({spine}): they share its links, so the ring "
-            f"takes about {len(hs)}x its bound. `labctl route {first['from']} {first['to']} --sport "
+    worst = max(len(hs) for hs in shared.values())
+    pairs = "; ".join(f"{' and '.join(h['from'] + ' -> ' + h['to'] for h in hs)} on {link}"
+                      for link, hs in sorted(shared.items()))
+    first = next(iter(shared.values()))[0]
+    return (f"ECMP put ring hops on one link: {pairs}. A ring runs at the pace of its busiest link, so it "
+            f"takes about {worst}x its bound. `labctl route {first['from']} {first['to']} --sport "
             f"{first['sport']}` shows it; `labctl up ... --set hash_seed=N` draws again (modes that need "
             f"no lucky draw: docs/load-balancing.md)")
 
