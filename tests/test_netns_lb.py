@@ -2,7 +2,8 @@
 flow over every uplink within 10%, ecmp-qp sends two QPs of one host pair over the paths the
 hash predicts (`labctl route` and the counters agree), flowlet changes path only after the gap,
 adaptive keeps off the uplink whose queue builds. One lab (4 spines), its mode changed while it
-runs (`labctl lb`), as an experiment does."""
+runs (`labctl lb`), as an experiment does. docs/load-balancing.md quotes the `labctl route`
+lines these tests check."""
 from __future__ import annotations
 
 import time

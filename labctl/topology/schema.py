@@ -4,7 +4,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, PlainValidator, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from labctl import kinds
 from labctl.units import parse_duration_ns, parse_rate, parse_size
@@ -63,29 +63,13 @@ def _lb_mode(text: str) -> str:
 
 
 LbMode = Annotated[str, AfterValidator(_lb_mode)]
-LB_TIERS = ("leaf", "spine")
-
-
-def _lb_setting(value):
-    """routing.lb: one mode, or {tier: mode} (validated here whole, so an error names what is wrong)."""
-    if isinstance(value, str):
-        return _lb_mode(value)
-    if isinstance(value, dict):
-        for tier, mode in value.items():
-            if tier not in LB_TIERS:
-                raise ValueError(f"{tier!r} is not a tier: leaf (a router with an end host cabled to it) or spine")
-            if not isinstance(mode, str):
-                raise ValueError(f"{tier}: {mode!r} is not a load-balancing mode")
-            _lb_mode(mode)
-        return dict(value)
-    raise ValueError(f"{value!r} is not a mode (e.g. spray) or a mode per tier (e.g. {{leaf: spray, spine: ecmp}})")
 
 
 class Routing(Strict):
     hash_policy: Literal[0, 1] = Field(1, description="0 = L3 (addresses), 1 = L4 (the 5-tuple, as a switch hashes)")
     hash_seed: int = Field(1, ge=1, lt=2**32,
                            description="fib_multipath_hash_seed, fixed so ECMP spreads are reproducible")
-    lb: Annotated[str | dict[str, str], PlainValidator(_lb_setting)] | None = Field(
+    lb: LbMode | dict[Literal["leaf", "spine"], LbMode] | None = Field(
         None, description="load balancing: one mode for every router, or per tier {leaf: MODE, spine: MODE} "
                           "(a leaf has an end host cabled to it); modes: ecmp, ecmp-qp, flowlet:GAP, spray, "
                           "adaptive. Unset: the kernel's ECMP hash")
