@@ -224,3 +224,53 @@ def test_a_collision_is_two_ring_hops_out_of_one_switch_port():
     assert "a -> b and e -> f on leaf1:spine1" in note and "c -> d and e -> f on spine1:leaf4" in note
     assert "about 2x its bound" in note
     assert ring_collisions({"hops": hops}) == 3
+
+
+def _model_paths(plan, mode: str, qps: int) -> list[dict]:
+    """fabric_paths as `labctl route` would trace them, from the model alone: the ring's pairs,
+    each QP's destination QP hashed where the leaves run ecmp-qp, a fixed source port."""
+    import dataclasses
+    from labctl.traffic.pool import gpu_ranks, path_ports
+    from labctl.traffic.sender import qpn
+    ranks = gpu_ranks(plan)
+    order = list(ranks)
+    out = []
+    for i, r in enumerate(order):
+        p = order[(i + 1) % len(order)]
+        ia, ib = path_ports(plan, ranks[r], ranks[p])
+        leaf = plan.node(ia.peer_node)
+        fh = dataclasses.replace(leaf.flow_hash, mode=mode)
+        for k in range(qps):
+            h = hash32(fh, addr(ia.address.split("/")[0]), addr(ib.address.split("/")[0]), 17, 0xC000, 4791,
+                       qp=qpn(p, r, k))
+            up = fh.group[select(h, fh.weights, [True] * len(fh.weights))]
+            out.append({"src": r, "dst": p, "qp": k, "sport": 0xC000, "spine": leaf.iface(up).peer_node})
+    return out
+
+
+def test_the_hash_predicts_the_experiments_link_imbalance():
+    """experiments/load-balancing.yml's lab and ring: the imbalance the hash itself predicts for
+    ECMP (2.0: both hops of a leaf on one link), ecmp-qp with one QP (1.0: a lucky draw) and four
+    (1.5: eight flows per leaf over two uplinks), which the ports' counters measured."""
+    from labctl.experiment.metrics import predicted_imbalance
+    from labctl.plan.compile import compile_plan
+    from labctl.topology.load import load_topology
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    plan = compile_plan(load_topology(root / "topologies" / "leaf-spine.yml", ["scale_up=false", "lb=ecmp"], "t"))
+    assert plan.node("leaf1").flow_hash.mode == "ecmp" and plan.node("leaf1").flow_hash.group == ["spine1", "spine2"]
+    assert predicted_imbalance(plan, {"fabric_paths": _model_paths(plan, "ecmp", 1)}) == 2.0
+    assert predicted_imbalance(plan, {"fabric_paths": _model_paths(plan, "ecmp-qp", 1)}) == 1.0
+    assert predicted_imbalance(plan, {"fabric_paths": _model_paths(plan, "ecmp-qp", 4)}) == 1.5
+
+
+def test_a_run_reports_its_reordering_naks_and_resent_bytes():
+    from labctl.traffic.report import reordering, reordering_line
+    counters = {"0": {"rx": [{"packets": 900, "reordered": 90, "early": 0, "dropped": 40, "naks_sent": 7}],
+                      "tx": [{"retransmitted": 50, "retransmitted_bytes": 210_000}]},
+                "1": {"rx": [{"packets": 100, "reordered": 10, "early": 0, "dropped": 0, "naks_sent": 0}], "tx": []}}
+    r = reordering(counters, {"reliable": True, "ooo": "drop"})
+    assert (r["reordered_share"], r["naks"], r["retransmitted_bytes"], r["receivers"]) == (0.1, 7, 210_000, "drop")
+    assert reordering_line(r) == ("# reordering: 10.00% of 1,000 data packets arrived after a later one (100); "
+                                  "go-back-N receivers (ooo: drop): 7 NAKs, 50 packets (210,000 bytes) resent")
+    assert reordering(counters, {"reliable": False})["receivers"] == "unreliable"
