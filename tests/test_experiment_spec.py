@@ -52,3 +52,38 @@ def test_judge_compares_runs_factors_and_trends():
     got = judge(exp, m)
     assert [c["passed"] for c in got] == [False, True, True, True, False]
     assert "1, 2, 1.5" in got[0]["measured"] and "2 x drops of a@3 (5) = 10" in got[1]["measured"]
+
+
+def test_judge_takes_a_runs_share_of_the_way_between_two_others(tmp_path):
+    exp = Experiment.model_validate({
+        "name": "t", "topology": "x.yml", "steps": [{"run": "w.yml", "as": r} for r in ("ecmp", "qp4", "spray")],
+        "expect": [{"run": "qp4", "metric": "time_s", "op": ">=", "value": 0.5,
+                    "share_of": {"from": "ecmp", "to": "spray"}},
+                   {"run": "qp4", "metric": "time_s", "op": ">", "value": 0.6,
+                    "share_of": {"from": "ecmp", "to": "spray"}}]})
+    got = judge(exp, {"ecmp": {"time_s": 4.5}, "qp4": {"time_s": 3.4}, "spray": {"time_s": 2.3}})
+    assert [c["passed"] for c in got] == [True, False]
+    assert got[0]["measured"].startswith("share of time_s of qp4 = 0.5 >= 0.5 (the share of the way from ecmp's 4.5")
+    with pytest.raises(ValueError, match="share_of: compares the share with value"):
+        Experiment.model_validate({"name": "t", "topology": "x.yml", "steps": [{"wait": "1s"}],
+                                   "expect": [{"run": "a", "metric": "time_s", "op": ">", "than": {"run": "b"},
+                                               "share_of": {"from": "a", "to": "b"}}]})
+
+
+def test_the_figure_names_metrics_and_the_report_opens_with_answer_and_figure(tmp_path):
+    import yaml
+    from labctl.experiment.report import write_report
+    f = tmp_path / "e.yml"
+    f.write_text(yaml.safe_dump({"name": "t", "topology": str(ROOT / "topologies" / "leaf-spine.yml"),
+                                 "steps": [{"wait": "1s"}], "figure": ["time_s", "speed"]}))
+    with pytest.raises(InputError, match="unknown metric 'speed'") as info:
+        prepare(f, tmp_path / "out")
+    assert info.value.where.line == 3 and info.value.where.key == "figure[1]"      # its second item
+    exp = Experiment.model_validate({"name": "t", "topology": "x", "steps": [{"wait": "1s"}], "figure": ["time_s"],
+                                     "description": "why"})
+    (tmp_path / "experiment.yml").write_text("name: t\n")
+    doc = {"description": "why", "metrics": {"a": {"time_s": 1.0}}, "expectations": [], "plots": {},
+           "captures": [], "summary_plot": "summary.png", "notes": {"a": ["ECMP put ring hops on one link"]}}
+    text = write_report(tmp_path, exp, doc).read_text()
+    assert text.split("\n## ")[1].startswith("Answer\n\n**") and "![summary](summary.png)" in text.split("\n## ")[1]
+    assert "## The question\n\nwhy" in text and "- **a**: ECMP put ring hops on one link" in text

@@ -87,3 +87,50 @@ def test_a_packet_lost_for_good_leaves_its_message_short_and_the_next_one_whole(
     assert rx.arrived[1][1:] == (3 * MTU, False)
     assert rx.arrived[2][1:] == (2 * MTU, True)
     assert (q.gaps, q.missing) == (1, {2})
+
+
+def _spread(pkts, depth: int):
+    """Every `depth`+1 packets as if sprayed over two paths, the second one `depth` packets behind:
+    p0 p2 p1 p4 p3 ... (a packet overtaken by the next)."""
+    out = list(pkts)
+    for k in range(1, len(out) - 1, 2):
+        out[k], out[k + 1] = out[k + 1], out[k]
+    return out
+
+
+def test_tolerant_receiver_places_reordered_packets_and_asks_for_nothing():
+    pkts = _packets(20 * MTU, imm=4) + _packets(4 * MTU, imm=5, psn=20)
+    rx = Receiver(1, {}, NoSender(), None, reliable=True, ooo="tolerate")
+    _deliver(rx, _spread(pkts, 1))
+    (q,) = rx.qps.values()
+    assert rx.arrived[4][1:] == (20 * MTU, True) and rx.arrived[5][1:] == (4 * MTU, True)
+    assert (q.naks_sent, q.dropped, q.late, q.held, q.ahead) == (0, 0, 0, {}, set())
+    assert q.reordered == q.early == 11          # each swap: one placed early, one arrived after it
+    assert q.expected_psn == 24
+
+
+def test_go_back_n_receiver_pays_for_the_same_reordering_with_naks_and_resends():
+    pkts = _packets(20 * MTU, imm=4)
+    rx = Receiver(1, {}, NoSender(), None, reliable=True, ooo="drop")
+    _deliver(rx, _spread(pkts, 1))
+    (q,) = rx.qps.values()
+    assert 4 not in rx.arrived                    # the last packet overtook its predecessor: dropped
+    assert q.naks_sent >= 1 and q.dropped >= 1
+    # the sender resends from the NAKed PSN: copies of dropped packets are not reordering
+    reordered = q.reordered
+    _deliver(rx, pkts[q.expected_psn:])
+    assert rx.arrived[4][1:] == (20 * MTU, True)
+    assert q.reordered == reordered and q.ahead == set()
+
+
+def test_a_tolerant_receiver_drops_and_naks_beyond_its_window():
+    from labctl.traffic.receiver import OOO_WINDOW
+    pkts = _packets((OOO_WINDOW + 4) * MTU, imm=3)
+    rx = Receiver(1, {}, NoSender(), None, reliable=True, ooo="tolerate")
+    _deliver(rx, pkts[1:])
+    (q,) = rx.qps.values()
+    assert q.early == OOO_WINDOW - 1 and q.dropped == len(pkts) - OOO_WINDOW and q.naks_sent == 1
+    _deliver(rx, pkts[:1])                       # the hole fills: the window's packets count at once
+    assert q.expected_psn == OOO_WINDOW and q.held == {}
+    _deliver(rx, pkts[OOO_WINDOW:])              # the rest, resent
+    assert rx.arrived[3][1:] == ((OOO_WINDOW + 4) * MTU, True)

@@ -91,23 +91,34 @@ def exec_(node, command, lab_name):
               help="UDP source port of the flow (RoCEv2 derives it from the QP pair)")
 @click.option("--dport", type=click.IntRange(0, 65535), default=4791, show_default=True,
               help="UDP destination port (4791 = RoCEv2)")
-def route(node, dest, lab_name, sport, dport):
+@click.option("--qp", type=click.IntRange(0, 7), default=0, show_default=True,
+              help="which QP of the pair the packets belong to: their BTH destination QP, which ecmp-qp hashes")
+def route(node, dest, lab_name, sport, dport, qp):
     """Show the path a UDP flow takes, hop by hop, as each switch's ECMP hash decides it.
 
     DEST is a node name or an address. Try several --sport values to see flows spread over spines.
     On kernels before 6.11 the switches place packets by labctl's own seeded hash (see `labctl
-    doctor`): this command computes it, where `ip route get` inside a switch would not.
+    doctor`): this command computes it, where `ip route get` inside a switch would not. In a lab
+    with lb: (docs/load-balancing.md) each router that chose among next hops says why, in its
+    mode: the hash's inputs (ecmp, ecmp-qp with the QP), the flow's flowlet and when it may move
+    (flowlet), the uplinks in turn (spray), the uplinks' depths now (adaptive).
 
     \b
     Example:
       sudo labctl route srv1-gpu0 srv2-gpu1 --sport 49152
       sudo labctl route srv1-gpu0 srv2-gpu1 --sport 49153
+      sudo labctl route srv1-gpu0 srv2-gpu1 --qp 1
     """
     from labctl import lifecycle as labmod
     p = labmod.load_plan(labmod.default_lab(lab_name))
-    hops = labmod.trace_path(p, node, dest, sport, dport)
+    dqpn = labmod.dest_qp(p, node, dest, qp)
+    hops = labmod.trace_path(p, node, dest, sport, dport, qp=dqpn)
     path = " -> ".join(h["node"] + (f" ({h['out']})" if h["out"] else "") for h in hops)
-    click.echo(f"udp sport {sport} dport {dport}: {path}")
+    qp_text = f" qp {qp} (BTH dest QP {dqpn:#08x})" if any(h.get("why") for h in hops) else ""
+    click.echo(f"udp sport {sport} dport {dport}{qp_text}: {path}")
+    for h in hops:
+        if h.get("why"):
+            click.echo(f"  {h['why']}")
 
 
 @cli.command()
@@ -181,3 +192,45 @@ def capture(target, bpf, out, snaplen, lab_name):
     except KeyboardInterrupt:
         p.send_signal(signal.SIGINT)   # dumpcap flushes and closes the file on SIGINT (a kill would lose the tail)
         p.wait(timeout=10)
+
+
+@cli.command(name="lb")
+@click.argument("settings", nargs=-1, metavar="[TARGET=MODE ...]")
+@click.option("--lab", "lab_name", help="the lab (needed when several are up)")
+def lb_cmd(settings, lab_name):
+    """Show or change how the routers balance load, while the lab runs (docs/load-balancing.md).
+
+    TARGET is all, a tier (leaf: routers with an end host below them, spine: the others) or a
+    router; MODE is ecmp, ecmp-qp, flowlet:GAP (fabric time, e.g. flowlet:50us), spray or
+    adaptive. The lab must name lb: in its file (routing.lb: ecmp keeps today's hashing): that is
+    what puts labctl's program on every router. Without SETTINGS, each router's mode.
+
+    \b
+    Example:
+      sudo labctl lb
+      sudo labctl lb leaf=spray
+      sudo labctl lb leaf=flowlet:50us spine=ecmp
+    """
+    from labctl import lifecycle as labmod
+    from labctl.errors import LabError
+    from labctl.kernel import lb
+    from labctl.plan.lb import describe, tier
+    lab = labmod.default_lab(lab_name)
+    plan = labmod.load_plan(lab)
+    for setting in settings:
+        target, sep, mode = setting.partition("=")
+        if not sep:
+            raise LabError(f"{setting!r} is not TARGET=MODE", "e.g. leaf=spray")
+        labmod.require_root("labctl lb")
+        changed = labmod.set_lb(lab, plan, target, mode)
+        click.echo(f"{mode}: {', '.join(changed) or 'no router'}")
+    if settings:
+        return
+    by_name = {n.name: n for n in plan.nodes}
+    routers = lb.routers(plan)
+    if not routers:
+        click.echo(f"lab {plan.lab} names no lb: its routers use the kernel's ECMP hash (or labctl's, "
+                   "before Linux 6.11)")
+    for n in routers:
+        ups = f", spreading over {', '.join(n.flow_hash.group)}" if n.flow_hash.group else ""
+        click.echo(f"{n.name} ({tier(n, by_name)}): {describe(n.flow_hash, plan.dilation)}{ups}")

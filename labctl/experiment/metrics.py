@@ -7,6 +7,7 @@ from pathlib import Path
 from statistics import mean
 
 from labctl.experiment import wan
+from labctl.telemetry.fabricports import link_imbalance
 from labctl.kinds import fabric_kind
 from labctl.plan.model import LabPlan
 
@@ -45,6 +46,46 @@ def uplink_imbalance(plan: LabPlan, deltas: dict) -> float:
     return worst
 
 
+def ring_collisions(placement: dict) -> int:
+    """Ring hops that leave a switch by a port another hop of the ring takes too (results.json's
+    ring_placement)."""
+    from labctl.traffic.placement import shared_links
+    return len({(h["from"], h["to"]) for hs in shared_links(placement.get("hops", [])).values() for h in hs})
+
+
+def predicted_imbalance(plan: LabPlan, doc: dict) -> float:
+    """link_imbalance as the hash predicts it: the spine of every pair's QPs as `labctl route`
+    traces them (results.json's fabric_paths), each pair's bytes shared equally by its QPs and
+    taken as equal across pairs, as in a ring. 0 where the run has no such trace (a mode whose
+    path is per packet, more QPs than traced)."""
+    from labctl.traffic.placement import paths_fixed
+    from labctl.traffic.pool import gpu_ranks, path_ports
+    paths = doc.get("fabric_paths") or []
+    if not paths or not paths_fixed(plan):
+        return 0.0
+    ranks = gpu_ranks(plan)
+    qps: dict[tuple[int, int], int] = {}
+    for p in paths:
+        qps[(p["src"], p["dst"])] = qps.get((p["src"], p["dst"]), 0) + 1
+    load: dict[str, dict[str, int | float]] = {}
+    for p in paths:
+        ia, ib = path_ports(plan, ranks[p["src"]], ranks[p["dst"]])
+        share = 1 / qps[(p["src"], p["dst"])]
+        for leaf, way in ((ia.peer_node, "up"), (ib.peer_node, "down")):
+            ports = load.setdefault(leaf, {})
+            ups = [i for i in plan.node(leaf).interfaces if plan.node(i.peer_node).forwarding]
+            for i in ups:
+                ports.setdefault(i.name, {"up": 0.0, "down": 0.0})
+            port = next(i.name for i in ups if i.peer_node == p["spine"])
+            ports[port][way] += share
+    return link_imbalance(load, floor=0)["worst"]
+
+
+def reordering_metrics(r: dict) -> dict[str, float]:
+    return {"reordered_share": r.get("reordered_share", 0.0), "naks": r.get("naks", 0),
+            "retransmitted_bytes": r.get("retransmitted_bytes", 0)}
+
+
 def run_metrics(plan: LabPlan, run_dir: Path, wan_bytes: float = 0.0) -> dict[str, float]:
     doc = json.loads((run_dir / "results.json").read_text())
     results = doc["results"]
@@ -74,6 +115,10 @@ def run_metrics(plan: LabPlan, run_dir: Path, wan_bytes: float = 0.0) -> dict[st
         "pfc_rx": sum(d["pfc_rx"] for d in deltas.values()),
         "max_depth": max([d["max_depth"] for k, d in deltas.items() if k in lossless] or [0]),
         "uplink_imbalance": uplink_imbalance(plan, deltas),
+        "link_imbalance": link_imbalance(doc.get("uplinks") or {})["worst"],
+        **reordering_metrics(doc.get("reordering") or {}),
+        "ring_collisions": ring_collisions(doc.get("ring_placement") or {}),
+        "predicted_imbalance": predicted_imbalance(plan, doc),
         "wan_bytes": wan_bytes,
         "tcp_goodput_bps": sum(f["received"] for f in flows) * 8 / span if span else 0.0,
         "victim_time_s": sum(r.get("victim_s") or 0.0 for r in results),

@@ -190,3 +190,24 @@ def fabric_load(run_dir: Path, plan: LabPlan, path: Path, bin_s: float = 0.1) ->
             ax.plot(times[1:], rate, label=f)
     _save(fig, ax, f"Load per fabric ({bin_s:g} s bins)", "lab time (s)", "Mbit/s (lab), all links", path)
     return series
+
+
+def summary(metrics: dict[str, dict], names: list[str], path: Path, lines: dict[str, float] | None = None) -> Series:
+    """The experiment's figure: one panel per metric in `names`, a bar per run; `lines` draws a
+    dashed reference in a metric's panel (an expectation's bound)."""
+    runs = list(metrics)
+    fig, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names) + 1, 4.2), squeeze=False)
+    series: Series = {}
+    for ax, name in zip(axes[0], names):
+        y = [float(metrics[r].get(name, 0.0)) for r in runs]
+        series[name] = (list(range(len(runs))), y)
+        ax.bar(range(len(runs)), y, color=["tab:blue" if "tol" in r else "tab:orange" for r in runs])
+        ax.set_xticks(range(len(runs)), runs, rotation=60, ha="right", fontsize=7)
+        if lines and name in lines:
+            ax.axhline(lines[name], color="tab:red", ls="--", lw=1)
+        ax.set_title(name, fontsize=9)
+        ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return series

@@ -6,7 +6,8 @@ from pathlib import Path
 from labctl.experiment.spec import METRICS, Experiment
 
 SHOWN = ("time_s", "busbw", "ratio", "wrong", "gaps", "drops", "lossless_drops", "ecn_marked", "pfc_tx",
-         "max_depth", "uplink_imbalance", "wan_bytes", "tcp_goodput_bps", "victim_time_s", "retransmits",
+         "max_depth", "uplink_imbalance", "link_imbalance", "reordered_share", "naks", "retransmitted_bytes", "ring_collisions", "predicted_imbalance",
+         "wan_bytes", "tcp_goodput_bps", "victim_time_s", "retransmits",
          "wan_max_depth", "wan_drops", "zone_pfc_tx", "wan_port_bytes",
          "wan_expected_bytes", "duty_cycle", "wan_hidden_fraction", "model_step_s", "model_swapped_step_s",
          "model_flip_km", "ep_hot_ratio", "ep_hot_expected", "ep_busy_s")
@@ -24,16 +25,24 @@ def answer(doc: dict) -> str:
 
 
 def write_report(out: Path, exp: Experiment, doc: dict) -> Path:
-    lines = [f"# Experiment {exp.name}", ""]
+    lines = [f"# Experiment {exp.name}", "", "## Answer", "", answer(doc), ""]
+    if doc.get("summary_plot"):
+        lines += [f"![summary]({doc['summary_plot']})", ""]
     if doc["description"]:
-        lines += [doc["description"], ""]
-    lines += ["## Answer", "", answer(doc), "", "## Runs", ""]
+        lines += ["## The question", "", doc["description"], ""]
+    lines += ["## Runs", ""]
     used = [m for m in SHOWN if any(v.get(m) for v in doc["metrics"].values())]
     lines.append("| run | " + " | ".join(used) + " |")
     lines.append("|---|" + "---:|" * len(used))
     for name, m in doc["metrics"].items():
         lines.append(f"| {name} | " + " | ".join(_cell(m[k]) for k in used) + " |")
-    lines += ["", "Metrics: " + "; ".join(f"`{k}` {METRICS[k]}" for k in used), "", "## Plots", ""]
+    lines += ["", "Metrics: " + "; ".join(f"`{k}` {METRICS[k]}" for k in used), ""]
+    if doc.get("notes"):
+        lines += ["## What the runs say", ""]
+        for name, notes in doc["notes"].items():
+            lines += [f"- **{name}**: " + "; ".join(notes)]
+        lines.append("")
+    lines += ["## Plots", ""]
     for name, files in doc["plots"].items():
         lines.append(f"### {name}")
         lines += [f"![{Path(f).stem}]({f})" for f in files]

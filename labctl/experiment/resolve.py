@@ -22,8 +22,25 @@ def resolve(exp: Experiment, smap, plan: LabPlan, workloads: dict) -> None:
         elif step.link is not None:
             (state, target), = step.link.items()
             _located(smap, ("steps", k, "link", state), targets.port, plan, target)
+        elif step.lb is not None:
+            _lb(smap, ("steps", k, "lb"), plan, step.lb)
         elif k in workloads:
             _workload(smap, ("steps", k, "run"), plan, workloads[k], inline=isinstance(step.run, dict))
+
+
+def _lb(smap, key: tuple, plan: LabPlan, settings: dict[str, str]) -> None:
+    """Each target names routers that run labctl's load balancing, and each can take its mode."""
+    from labctl.lifecycle.balance import mode_error, routers_for
+    for target, mode in settings.items():
+        nodes = _located(smap, key + (target,), routers_for, plan, target)
+        if not nodes:
+            raise InputError(smap.where(key + (target,)), f"{target!r} names no router that runs labctl's load "
+                             "balancing", "the lab file must name lb: (routing.lb: ecmp keeps today's hashing)")
+        for node in nodes:
+            why = mode_error(plan, node, mode)
+            if why:
+                raise InputError(smap.where(key + (target,)), f"{node.name}: {why}",
+                                 "modes: ecmp, ecmp-qp, flowlet:GAP (e.g. flowlet:50us), spray, adaptive")
 
 
 def _located(smap, key: tuple, check, *args):

@@ -110,13 +110,38 @@ def run_experiment(path: Path, out: Path, say=lambda msg: print(msg, file=sys.st
             say(f"[{exp.name}] down")
     checks = judge(exp, metrics)
     figures = draw(plan, runs, out)
+    if exp.figure:
+        bounds = {e.metric: e.value for e in exp.expect if e.op in ("<", "<=") and e.value is not None
+                  and e.share_of is None and e.metric in exp.figure}
+        plots.summary(metrics, exp.figure, out / "summary.png", bounds)
     doc = {"experiment": exp.name, "description": exp.description.strip(), "metrics": metrics,
            "expectations": checks, "passed": all(c["passed"] for c in checks), "plots": figures,
-           "captures": captures, "runs": {k: str(v.relative_to(out)) for k, v in runs.items()}}
+           "captures": captures, "runs": {k: str(v.relative_to(out)) for k, v in runs.items()},
+           "summary_plot": "summary.png" if exp.figure else None, "notes": run_notes(runs)}
     (out / "experiment.json").write_text(json.dumps(doc, indent=1))
     from labctl.experiment.report import write_report
     write_report(out, exp, doc)
     return doc
+
+
+def run_notes(runs: dict[str, Path]) -> dict[str, list[str]]:
+    """What each run's results say in words: where ECMP put a ring's hops (and which collided),
+    and what reordering did."""
+    from labctl.traffic.report import reordering_line
+    out = {}
+    for name, run_dir in runs.items():
+        doc = json.loads((run_dir / "results.json").read_text())
+        notes = []
+        placement = doc.get("ring_placement") or {}
+        if placement.get("hops"):
+            notes.append("ring hops: " + ", ".join(f"{h['from']} -> {h['to']} on {h['spine']}" for h in placement["hops"]))
+        if placement.get("note"):
+            notes.append(placement["note"])
+        if doc.get("reordering"):
+            notes.append(reordering_line(doc["reordering"]).lstrip("# "))
+        if notes:
+            out[name] = notes
+    return out
 
 
 LAB_RECORDS = ("plan.json", "pfc.json", "wan.json")
@@ -137,7 +162,7 @@ def _step(exp, k, step, plan, lab, workloads, out, suffix, metrics, runs, say) -
         say(f"[{exp.name}] run {run_name}")
         before, ports_before = _wan_bytes(lab), fabricports.sent_bytes(plan)
         run_dir = out / "runs" / run_name
-        run_workload(plan, lab, workloads[k], run_dir)
+        run_workload(plan, lab, workloads[k], run_dir, trace=labmod.trace_path)
         metrics[run_name] = run_metrics(plan, run_dir, _wan_bytes(lab) - before)
         metrics[run_name]["wan_port_bytes"] = fabricports.sent_bytes(plan) - ports_before
         runs[run_name] = run_dir
@@ -150,6 +175,10 @@ def _step(exp, k, step, plan, lab, workloads, out, suffix, metrics, runs, say) -
         labmod.set_link_state(lab, plan, node, port.name, state == "up")
     elif step.wait is not None:
         time.sleep(step.wait / 1e9)
+    elif step.lb is not None:
+        for target, mode in step.lb.items():
+            say(f"[{exp.name}] lb {target}={mode}")
+            labmod.set_lb(lab, plan, target, mode)
 
 
 def _tc(plan, lab, tc: TcStep) -> None:
@@ -179,11 +208,17 @@ def judge(exp: Experiment, metrics: dict[str, dict]) -> list[dict]:
                 right = base * e.factor
                 rhs = (f"{_fmt(e.factor)} x {other} of {them} ({_fmt(base)}) = {_fmt(right)}" if e.factor != 1
                        else f"{other} of {them} ({_fmt(base)})")
+            elif e.share_of:
+                a, b = (metrics[r if "@" in r else r + p][e.metric] for r in (e.share_of.from_, e.share_of.to))
+                got = left
+                left = (a - got) / (a - b) if a != b else 0.0
+                right, rhs = e.value, (f"{_fmt(e.value)} (the share of the way from {e.share_of.from_}'s "
+                                       f"{_fmt(a)} to {e.share_of.to}'s {_fmt(b)} that {_fmt(got)} went)")
             else:
                 right, rhs = e.value, _fmt(e.value)
             ok = OPS[e.op](left, right)
-            out.append({"what": what, "passed": bool(ok),
-                        "measured": f"{e.metric} of {e.run + p} = {_fmt(left)} {e.op} {rhs}"})
+            name = f"share of {e.metric} of {e.run + p}" if e.share_of else f"{e.metric} of {e.run + p}"
+            out.append({"what": what, "passed": bool(ok), "measured": f"{name} = {_fmt(left)} {e.op} {rhs}"})
     return out
 
 

@@ -12,6 +12,7 @@
         as: pfc_on
       - tc: {target: leaf1, pfc: "off"}         # labctl tc set
       - link: {down: leaf1:spine1}              # or {up: ...}
+      - lb: {leaf: spray}                       # labctl lb: TARGET (all, leaf, spine, a router): MODE
       - wait: 1s
     expect:
       - {run: pfc_on, metric: lossless_drops, op: "==", value: 0, what: "PFC keeps RoCE lossless"}
@@ -48,6 +49,15 @@ METRICS = {
     "pfc_rx": "PFC frames received during the run",
     "max_depth": "deepest lossless-class queue seen (bytes)",
     "uplink_imbalance": "max / mean bytes over a leaf's uplinks (1 = balanced), worst leaf",
+    "link_imbalance": "max / mean bytes over a leaf's spine links, either direction, from the ports' counters "
+                      "(1 = balanced), worst leaf",
+    "reordered_share": "data packets that arrived after a later one of their QP / data packets (first transmissions)",
+    "naks": "NAKs (PSN sequence error) the receivers sent",
+    "retransmitted_bytes": "bytes on the wire that go-back-N sent again",
+    "ring_collisions": "ring hops that ECMP sent out of a switch port another hop of the ring also takes (0 "
+                       "with no collision, or where paths are not fixed per flow)",
+    "predicted_imbalance": "link_imbalance as the hash predicts it from `labctl route`'s trace of every pair's "
+                           "QPs (0 where paths are per packet)",
     "wan_bytes": "bytes the WAN line delivered during the run",
     "tcp_goodput_bps": "TCP flows' bytes x 8 / their span, lab bit/s",
     "fsdp_bytes_ratio": "FSDP: bytes sent per rank / (3(n-1)/n x model) (1 = as FSDP predicts)",
@@ -127,13 +137,15 @@ class Step(Strict):
     tc: TcStep | None = Field(None, description="labctl tc set: {target, rate, ecn, kmin, kmax, pmax, pfc, xoff, xon, class}")
     link: dict[Literal["down", "up"], str] | None = Field(None, description="{down: NODE:PORT} or {up: NODE:PORT}")
     wait: Duration | None = Field(None, description="sleep this long (lab time), e.g. 1s")
+    lb: dict[str, str] | None = Field(None, min_length=1, description="labctl lb: {TARGET: MODE}, TARGET all, leaf, "
+                                                                      "spine or a router (the lab must name lb:)")
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     @model_validator(mode="after")
     def exactly_one(self):
-        given = [k for k in ("run", "tc", "link", "wait") if getattr(self, k) is not None]
+        given = [k for k in ("run", "tc", "link", "wait", "lb") if getattr(self, k) is not None]
         if len(given) != 1:
-            raise ValueError("a step is one of run:, tc:, link: or wait:" + (f" (got {', '.join(given)})" if given else ""))
+            raise ValueError("a step is one of run:, tc:, link:, wait: or lb:" + (f" (got {', '.join(given)})" if given else ""))
         if self.as_ and self.run is None:
             raise ValueError("as: names a run: step")
         return self
@@ -144,6 +156,13 @@ class Other(Strict):
     metric: str | None = None
 
 
+class Gap(Strict):
+    """Between two runs: the share of the way from one's metric to the other's that a run went."""
+    from_: str = Field(alias="from", description="the run the way starts at (share 0)")
+    to: str = Field(description="the run it ends at (share 1)")
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
 class Expectation(Strict):
     run: str
     metric: str
@@ -152,12 +171,16 @@ class Expectation(Strict):
     than: Other | None = None
     factor: float = 1.0
     trend: Literal["increasing", "decreasing"] | None = None
+    share_of: Gap | None = Field(None, description="compare (from - run) / (from - to) of the metric with value:, "
+                                                   "e.g. how much of a better run's gain this one got")
     what: str = ""
 
     @model_validator(mode="after")
     def one_form(self):
         if self.trend is None and (self.op is None or (self.value is None) == (self.than is None)):
             raise ValueError("an expectation needs op: with value: or than:, or trend: over a sweep")
+        if self.share_of is not None and (self.value is None or self.trend is not None):
+            raise ValueError("share_of: compares the share with value:, e.g. op: \">=\", value: 0.5")
         return self
 
 
@@ -170,6 +193,8 @@ class Experiment(Strict):
     captures: list[Capture] = Field(default_factory=list)
     steps: list[Step] = Field(min_length=1)
     expect: list[Expectation] = Field(default_factory=list)
+    figure: list[str] = Field(default_factory=list, description="metrics drawn run by run in the figure that "
+                                                                "opens the report (summary.png)")
 
 
 def load_experiment(path: Path) -> tuple[Experiment, str, object]:
@@ -199,10 +224,16 @@ def _check(exp: Experiment, path: Path, smap) -> None:
                 raise InputError(smap.where(("steps", k)), f"two runs are named {name!r}", "give each run its own as:")
             names.append(name)
     points = [str(v) for v in exp.sweep.values] if exp.sweep else []
+    for k, metric in enumerate(exp.figure):
+        if metric not in METRICS:
+            raise InputError(smap.where(("figure", k)), f"unknown metric {metric!r}", "metrics: " + ", ".join(METRICS))
     for k, e in enumerate(exp.expect):
         refs = [(e.run, e.metric, ("expect", k))]
         if e.than:
             refs.append((e.than.run, e.than.metric or e.metric, ("expect", k, "than")))
+        if e.share_of:
+            refs += [(e.share_of.from_, e.metric, ("expect", k, "share_of", "from")),
+                     (e.share_of.to, e.metric, ("expect", k, "share_of", "to"))]
         for run, metric, key in refs:
             base_name, _, point = run.partition("@")
             if base_name not in names:

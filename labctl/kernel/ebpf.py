@@ -1,9 +1,9 @@
 """Just enough eBPF to load labctl's own tc programs without a compiler: an assembler, the bpf()
 system call through ctypes, program loading with the verifier's log, and array maps.
 
-labctl has two programs, both small enough to write as instructions: the ECMP flow hash on a
-router's ingress (kernel/flowhash.py) and the arrival counters on a switch's egress
-(dataplane/arrivals.py). Writing them here keeps the function the one the pure model computes,
+labctl's programs are all small enough to write as instructions: the flow hash on a router's
+ingress with its load-balancing modes and the uplink depth counters (kernel/flowhash.py,
+kernel/lb.py), and the arrival counters on a switch's egress (dataplane/arrivals.py). Writing them here keeps the function the one the pure model computes,
 and needs neither clang nor libbpf on the machine.
 """
 from __future__ import annotations
@@ -18,27 +18,35 @@ import sys
 from labctl.kernel import rtnl
 
 _BPF_SYSCALL = {"x86_64": 321, "aarch64": 280}
-BPF_MAP_CREATE, BPF_PROG_LOAD = 0, 5
+BPF_MAP_CREATE, BPF_MAP_LOOKUP_ELEM, BPF_MAP_UPDATE_ELEM, BPF_MAP_GET_NEXT_KEY, BPF_PROG_LOAD = 0, 1, 2, 4, 5
+BPF_PROG_GET_FD_BY_ID, BPF_MAP_GET_FD_BY_ID, BPF_OBJ_GET_INFO_BY_FD = 13, 14, 15
 BPF_PROG_TYPE_SCHED_CLS = 3
-BPF_MAP_TYPE_ARRAY = 2
+BPF_MAP_TYPE_ARRAY, BPF_MAP_TYPE_LRU_HASH = 2, 9
 BPF_F_MMAPABLE = 1 << 10
 BPF_PSEUDO_MAP_FD = 1
 ATTR_SIZE = 128
 
 # __sk_buff offsets (linux/bpf.h)
 SKB_LEN, SKB_PRIORITY, SKB_DATA, SKB_DATA_END = 0, 32, 76, 80
+SKB_INGRESS_IFINDEX = 48
 # helpers
-BPF_FUNC_MAP_LOOKUP_ELEM, BPF_FUNC_SET_HASH = 1, 48
+BPF_FUNC_MAP_LOOKUP_ELEM, BPF_FUNC_MAP_UPDATE_ELEM, BPF_FUNC_KTIME_GET_NS = 1, 2, 5
+BPF_FUNC_SKB_LOAD_BYTES, BPF_FUNC_SET_HASH = 26, 48
+BPF_ANY = 0
 TC_ACT_UNSPEC = -1          # let the port's next filter (if any) classify as it would have
 
 # opcodes (linux/bpf_common.h): 64-bit ALU with an immediate (K) or a register (X), loads, jumps
-MOV_X, MOV_K, ADD_X, ADD_K, AND_K, OR_X, XOR_X, MUL_X, LSH_K, RSH_K = \
-    0xBF, 0xB7, 0x0F, 0x07, 0x57, 0x4F, 0xAF, 0x2F, 0x67, 0x77
+MOV_X, MOV_K, ADD_X, ADD_K, SUB_X, SUB_K, AND_K, OR_X, XOR_X, MUL_X, MUL_K, MOD_K, LSH_K, RSH_K, NEG = \
+    0xBF, 0xB7, 0x0F, 0x07, 0x1F, 0x17, 0x57, 0x4F, 0xAF, 0x2F, 0x27, 0x97, 0x67, 0x77, 0x87
+AND_X = 0x5F
+MOV32_X = 0xBC                              # 32-bit move: the upper half cleared
 BE = 0xDC                                   # to network order (a no-op on a big-endian CPU)
-LDX_W, LDX_H, LDX_B = 0x61, 0x69, 0x71
-STX_W = 0x63
+LDX_DW, LDX_W, LDX_H, LDX_B = 0x79, 0x61, 0x69, 0x71
+STX_DW, STX_W = 0x7B, 0x63
 ATOMIC_ADD_DW = 0xDB                        # BPF_STX | BPF_ATOMIC | BPF_DW with imm BPF_ADD: lock xadd
-JA, JEQ_K, JNE_K, JGT_K, JLT_K, JGT_X, CALL, EXIT = 0x05, 0x15, 0x55, 0x25, 0xA5, 0x2D, 0x85, 0x95
+JA, JEQ_K, JNE_K, JGT_K, JGE_K, JLT_K, JGT_X, CALL, EXIT = 0x05, 0x15, 0x55, 0x25, 0x35, 0xA5, 0x2D, 0x85, 0x95
+JNE_X, JSGT_X = 0x5D, 0x6D
+ARSH_K = 0xC7
 R0, R1, R2, R3, R4, R5, R6, R7, R8, R9, R10 = range(11)
 
 
@@ -141,12 +149,94 @@ def load_program(code: bytes, name: str, prog_type: int = BPF_PROG_TYPE_SCHED_CL
 def array_map(entries: int, value_size: int, name: str, mmapable: bool = False) -> int:
     """An array map's descriptor; `mmapable` lets the reader map its values into memory and read
     them with no system call (Linux 5.5)."""
-    attr = struct.pack("=IIIIIII16s", BPF_MAP_TYPE_ARRAY, 4, value_size, entries,
-                       BPF_F_MMAPABLE if mmapable else 0, 0, 0, name.encode()[:15])
+    return _map(BPF_MAP_TYPE_ARRAY, 4, value_size, entries, name, BPF_F_MMAPABLE if mmapable else 0)
+
+
+def lru_map(entries: int, key_size: int, value_size: int, name: str) -> int:
+    """A hash map that forgets its least recently used entries when full (Linux 4.10)."""
+    return _map(BPF_MAP_TYPE_LRU_HASH, key_size, value_size, entries, name)
+
+
+def _map(kind: int, key_size: int, value_size: int, entries: int, name: str, flags: int = 0) -> int:
+    attr = struct.pack("=IIIIIII16s", kind, key_size, value_size, entries, flags, 0, 0, name.encode()[:15])
     fd = _syscall(BPF_MAP_CREATE, attr)
     if fd < 0:
         raise BpfError(-fd, f"creating map {name}")
     return fd
+
+
+# --- reading what a running lab's programs hold ---------------------------------------------------
+def _elem(cmd: int, fd: int, key: bytes, value_size: int, flags: int = 0, value: bytes | None = None):
+    k = ctypes.create_string_buffer(key, len(key))
+    v = ctypes.create_string_buffer(value if value is not None else b"", max(value_size, 1))
+    got = _syscall(cmd, struct.pack("=IxxxxQQQ", fd, ctypes.addressof(k), ctypes.addressof(v), flags))
+    return got, v.raw[:value_size]
+
+
+def lookup(fd: int, key: bytes, value_size: int) -> bytes | None:
+    """A map's value under `key`, or None if it has none."""
+    got, value = _elem(BPF_MAP_LOOKUP_ELEM, fd, key, value_size)
+    if got == -2:           # ENOENT
+        return None
+    if got < 0:
+        raise BpfError(-got, "reading a map")
+    return value
+
+
+def update(fd: int, key: bytes, value: bytes) -> None:
+    got, _ = _elem(BPF_MAP_UPDATE_ELEM, fd, key, len(value), BPF_ANY, value)
+    if got < 0:
+        raise BpfError(-got, "writing a map")
+
+
+def keys(fd: int, key_size: int) -> list[bytes]:
+    """Every key of a hash map (BPF_MAP_GET_NEXT_KEY from none)."""
+    out, key = [], None
+    while True:
+        k = ctypes.create_string_buffer(key or b"", key_size)
+        nxt = ctypes.create_string_buffer(key_size)
+        got = _syscall(BPF_MAP_GET_NEXT_KEY, struct.pack("=IxxxxQQQ", fd, ctypes.addressof(k) if key else 0,
+                                                         ctypes.addressof(nxt), 0))
+        if got < 0:
+            return out
+        key = nxt.raw
+        out.append(key)
+
+
+def _by_id(cmd: int, ident: int, what: str) -> int:
+    fd = _syscall(cmd, struct.pack("=III", ident, 0, 0))
+    if fd < 0:
+        raise BpfError(-fd, f"opening {what} {ident}")
+    return fd
+
+
+def _info(fd: int, size: int, fill: bytes = b"") -> bytes:
+    buf = ctypes.create_string_buffer(fill.ljust(size, b"\0"), size)
+    got = _syscall(BPF_OBJ_GET_INFO_BY_FD, struct.pack("=IIQ", fd, size, ctypes.addressof(buf)))
+    if got < 0:
+        raise BpfError(-got, "asking a BPF object about itself")
+    return buf.raw
+
+
+def program_maps(prog_id: int) -> dict[str, int]:
+    """The maps a loaded program uses, by name: descriptors the caller closes."""
+    prog = _by_id(BPF_PROG_GET_FD_BY_ID, prog_id, "program")
+    try:
+        ids = (ctypes.c_uint32 * 16)()
+        # struct bpf_prog_info: nr_map_ids at 52, map_ids at 56 (linux/bpf.h)
+        info = _info(prog, 96, bytes(52) + struct.pack("=IQ", 16, ctypes.addressof(ids)))
+        count = min(16, struct.unpack_from("=I", info, 52)[0])
+    finally:
+        os.close(prog)
+    out = {}
+    for map_id in ids[:count]:
+        fd = _by_id(BPF_MAP_GET_FD_BY_ID, map_id, "map")
+        name = _info(fd, 40)[24:40].split(b"\0", 1)[0].decode()      # bpf_map_info.name at 24
+        if name in out:
+            os.close(fd)
+        else:
+            out[name] = fd
+    return out
 
 
 # --- attaching a program to a port (`tc qdisc add … clsact; tc filter add … bpf da`) ---------------
@@ -170,3 +260,21 @@ def clsact_requests(index: int, prog_fd: int, name: str, where: str, what: str, 
                         rtnl.attr(TCA_BPF_FLAGS, rtnl.u32(TCA_BPF_FLAG_ACT_DIRECT)))
     return [((rtnl.RTM_NEWQDISC, flags, qdisc), f"{where}: clsact"),
             ((RTM_NEWTFILTER, flags, head + rtnl.attr(rtnl.TCA_KIND, rtnl.cstr("bpf")) + options), f"{where}: {what}")]
+
+
+RTM_GETTFILTER, TCA_BPF_ID = 46, 11
+
+
+def attached(sock, index: int, *, ingress: bool, pref: int) -> int | None:
+    """The id of the BPF program filtering port `index` at `pref` (`tc filter show … ingress`), if any."""
+    from labctl.kernel import netlink
+    head = struct.pack("BxxxiIII", socket.AF_UNSPEC, index, 0, CLSACT_INGRESS if ingress else CLSACT_EGRESS, 0)
+    request = netlink.message(RTM_GETTFILTER, netlink.NLM_F_REQUEST | netlink.NLM_F_DUMP, head)
+    found = None
+    for data, off, length in netlink.dump(sock, request, f"reading the filters of port {index}"):
+        info = struct.unpack_from("I", data, off + 32)[0]
+        attrs = netlink.parse_attrs(data[off:off + length], 36)
+        options = netlink.parse_attrs(attrs.get(rtnl.TCA_OPTIONS, b""), 0)
+        if info >> 16 == pref and TCA_BPF_ID in options and found is None:
+            found = struct.unpack("I", options[TCA_BPF_ID][:4])[0]
+    return found

@@ -39,7 +39,8 @@ def configure(node: Node, nl: socket.socket, ioctl: socket.socket, extra: list =
     # it and waits for an RCU grace period (~1 ms each; at 1,024 GPUs most of `up`'s time)
     for iface in node.interfaces:
         add_shaping(batch, node, iface)
-    program = flowhash.load(node.flow_hash) if node.flow_hash else None
+    # a router with an lb: mode gets its programs once every namespace exists (kernel/lb.py)
+    program = flowhash.load(node.flow_hash) if node.flow_hash and node.flow_hash.mode is None else None
     for iface in node.interfaces if program is not None else ():
         for request, what in flowhash.port_requests(iface.index, program, f"{node.name}:{iface.name}"):
             batch.add(request, what)

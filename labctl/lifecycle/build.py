@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labctl import backends, helpers, state
-from labctl.kernel import flowhash
+from labctl.kernel import flowhash, lb
 from labctl.dataplane import arrivals
 from labctl.errors import InputError, Where
 from labctl.backends.base import own_namespaces, refuse_taken_namespaces
@@ -69,6 +69,7 @@ def build(loaded: Loaded, backend: str = "netns", progress=None,
                 builder.destroy(lab)
             raise
         try:
+            lb.wire(plan)
             software.run_exec_lines(plan, lab, progress)
             software.learn_addresses(plan, lab)
             converged = convergence.wait_converged(plan)

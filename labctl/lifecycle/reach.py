@@ -7,14 +7,16 @@ import subprocess
 from labctl.kernel import flowhash, nsutil, rtnl
 from labctl.errors import LabError
 from labctl.kinds import fabric_kind, node_kind
-from labctl.lifecycle import targets
+from labctl.lifecycle import balance, targets
 from labctl.lifecycle.labs import require_root
 from labctl.plan.model import LabPlan
 
 
 def trace_path(plan: LabPlan, start: str, dest: str, sport: int | None, dport: int | None,
-               proto: int = 17) -> list[dict]:
-    """Hop by hop, ask each node's kernel where this flow goes (the ECMP hash with its 5-tuple)."""
+               proto: int = 17, qp: int | None = None) -> list[dict]:
+    """Hop by hop, ask each node's kernel where this flow goes (the ECMP hash with its 5-tuple).
+    At a router with an lb: mode the hop says why (`why`): the hash of the flow's next packet in
+    that mode, `qp` being the BTH destination QP its packets carry (lifecycle/balance.py)."""
     require_root("labctl route")
     dst = targets.address(plan, dest)
     owner = {i.address.split("/")[0]: (n, i) for n in plan.nodes for i in n.interfaces if i.address}
@@ -30,7 +32,11 @@ def trace_path(plan: LabPlan, start: str, dest: str, sport: int | None, dport: i
         with nsutil.entered(node.namespace):
             sock = rtnl.open_socket()
         try:
-            if node.flow_hash and iif is not None:      # forwarded by labctl's hash, not the kernel's
+            facts = None
+            if node.flow_hash and node.flow_hash.mode and iif is not None:
+                h, facts = balance.packet_hash(node, src, dst, proto, sport or 0, dport or 0, qp)
+                got = flowhash.next_hop(sock, node.flow_hash, dst, src, iif, proto, sport, dport, h)
+            elif node.flow_hash and iif is not None:      # forwarded by labctl's hash, not the kernel's
                 got = flowhash.next_hop(sock, node.flow_hash, dst, src, iif, proto, sport, dport)
             else:
                 got = rtnl.route_get(sock, dst, src=src, iif=iif, proto=proto, sport=sport, dport=dport)
@@ -46,6 +52,8 @@ def trace_path(plan: LabPlan, start: str, dest: str, sport: int | None, dport: i
             src = out.address.split("/")[0]
             continue
         hops.append({"node": node.name, "out": out.name, "via": got.get("gateway")})
+        if facts is not None and "choices" in got:
+            hops[-1]["why"] = balance.explain(plan, node, facts, got)
         nxt = plan.node(out.peer_node)
         if nxt.bridged:     # across an L2 segment: the next hop is whoever holds the gateway (or dst)
             holder = owner.get(got.get("gateway") or dst)

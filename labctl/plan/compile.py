@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from labctl import names
 from labctl.errors import InputError
 from labctl.kinds import fabric_kind, node_kind
-from labctl.plan import model, qos, routing, software
+from labctl.plan import lb, model, qos, routing, software
 from labctl.plan.sysctls import node_sysctls
 from labctl.topology.fabrics import l2_segments, link_fabric, node_fabric
 from labctl.topology.load import Loaded
@@ -253,9 +253,14 @@ def routes(b: Build) -> None:
             node.routes = []          # its own software (FRR) or its exec lines route it
 
 
+def balancing(b: Build) -> None:
+    """Each router's load-balancing mode (plan/lb.py), once its routes say what its uplinks are."""
+    lb.assign(b.nodes, b.topo, b.topo.dilation, b.smap)
+
+
 PASSES = (("pools", pools), ("nodes", nodes), ("ranks", ranks), ("loopbacks", loopbacks),
           ("segments", segments), ("links", links), ("shaping", shaping), ("wires", wires), ("routes", routes),
-          ("files", software.files))
+          ("balancing", balancing), ("files", software.files))
 
 
 def compile_plan(loaded: Loaded, queue_reads: str = "poll") -> model.LabPlan:

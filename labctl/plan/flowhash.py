@@ -11,22 +11,53 @@ This module is the function itself, written once for both sides: `program()` in 
 emits it as eBPF instructions, and `hash32()` computes it here, so that `labctl route` can say
 where the kernel will send a flow (the kernel's own `ip route get` would still use its random
 seed). `select()` is the kernel's hash-threshold choice among a route's next hops.
+
+A lab whose routing names `lb:` runs the same program on every router, whatever the kernel, with
+a load-balancing mode per router (docs/load-balancing.md): the hash the program gives a packet is
+then one of these functions of the 5-tuple and what the program remembers:
+
+- `ecmp`: `hash32` of the 5-tuple;
+- `ecmp-qp`: of the 5-tuple and, for RoCEv2 (UDP 4791), the BTH destination QP (`qp=`);
+- `flowlet`: of the 5-tuple and the flow's flowlet number, which counts up when the flow paused
+  for longer than the gap (`flowlet_hash`);
+- `spray`: packet k of a flow goes to uplink (flow's hash + k) mod n, n the router's uplinks
+  (`spray_hash`; a link of weight w counts w times): strict round robin, each flow starting at
+  its own uplink. A router whose
+  multipath routes differ in their next hops has no one set to count round: there the hash is
+  the flow's plus k times 2^32/φ, which walks any number of next hops' ranges in turn within a
+  packet or two;
+- `adaptive`: the hash that sends the packet to the next hop whose queue is shallowest
+  (`adaptive_pick`, `steer_targets`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 M64 = (1 << 64) - 1
 # splitmix64's constants: odd multipliers whose products carry every input bit upward
 GOLDEN, MIX1, MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+M32 = (1 << 32) - 1
 TCP, UDP = 6, 17
+ROCE_PORT = 4791
+MODES = ("ecmp", "ecmp-qp", "flowlet", "spray", "adaptive")
+# 2^32 / the golden ratio: the multiples of it modulo 2^32 fall as evenly over [0, 2^32) as any
+# sequence can (the three-distance theorem), so packet k's hash lands in each of n equal ranges
+# once per n packets, up to one, for any n: round robin without knowing the next hops
+WEYL = 0x9E3779B9
 
 
 @dataclass
 class FlowHash:
-    """What a router's tc program hashes: the 5-tuple (l4) or the addresses alone, under `seed`."""
+    """What a router's tc program hashes: the 5-tuple (l4) or the addresses alone, under `seed`;
+    in a lab with `lb:`, how the router balances (`mode`, None without `lb:`), the flowlet gap in
+    lab nanoseconds, and the ports of its multipath next hops in the routes' order (`group`, with
+    their `weights`): the uplinks whose depths `adaptive` compares."""
     l4: bool
     seed: int
+    mode: str | None = None
+    gap_ns: int = 0
+    group: list[str] = field(default_factory=list)
+    weights: list[int] = field(default_factory=list)
 
 
 # splitmix64's finaliser, step by step (shift, then multiply; 0: none), so that every input bit
@@ -54,21 +85,71 @@ def absorb(h: int, word: int) -> int:
 
 
 def fields(fh: FlowHash, saddr: int, daddr: int, proto: int, sport: int, dport: int,
-           fragment: bool = False) -> list[int]:
-    """The words hashed, in order, as the program reads them off the packet (numbers in network order)."""
+           fragment: bool = False, qp: int | None = None) -> list[int]:
+    """The words hashed, in order, as the program reads them off the packet (numbers in network
+    order); in ecmp-qp, a RoCEv2 packet's destination QP (24 bits) after them."""
     if not fh.l4:
         return [saddr, daddr]
     ports = (sport << 16 | dport) if proto in (TCP, UDP) and not fragment else 0
-    return [saddr, daddr, proto, ports]
+    out = [saddr, daddr, proto, ports]
+    if fh.mode == "ecmp-qp" and proto == UDP and dport == ROCE_PORT and not fragment and qp is not None:
+        out.append(qp & 0xFFFFFF)
+    return out
+
+
+def state(fh: FlowHash, saddr: int, daddr: int, proto: int, sport: int, dport: int,
+          fragment: bool = False, qp: int | None = None) -> int:
+    """The 64-bit state after the packet's words, before the finaliser."""
+    h = initial(fh)
+    for word in fields(fh, saddr, daddr, proto, sport, dport, fragment, qp):
+        h = absorb(h, word)
+    return h
 
 
 def hash32(fh: FlowHash, saddr: int, daddr: int, proto: int, sport: int, dport: int,
-           fragment: bool = False) -> int:
-    """The 32-bit flow hash the program gives this packet (`skb->hash`)."""
-    h = initial(fh)
-    for word in fields(fh, saddr, daddr, proto, sport, dport, fragment):
-        h = absorb(h, word)
-    return finalise(h) & 0xFFFFFFFF
+           fragment: bool = False, qp: int | None = None) -> int:
+    """The 32-bit flow hash the program gives this packet (`skb->hash`) in ecmp or ecmp-qp; in the
+    other modes, the flow's own hash: the key its state is kept under."""
+    return finalise(state(fh, saddr, daddr, proto, sport, dport, fragment, qp)) & M32
+
+
+def flowlet_hash(fh: FlowHash, h: int, flowlet: int) -> int:
+    """flowlet: the hash of a packet of the flow whose `state` is `h`, in its flowlet number `flowlet`."""
+    return finalise(absorb(h, flowlet)) & M32
+
+
+def spray_hash(key: int, count: int, weights: list[int] | None = None) -> int:
+    """spray: the hash of the flow's packet number `count` (from 0), the flow's own hash being
+    `key`, on a router whose uplinks have `weights` (none: no one set of uplinks)."""
+    if weights:
+        slots = spray_slots(weights)
+        return slots[(key + count) % len(slots)]
+    return (key + count * WEYL) & M32
+
+
+def spray_slots(weights: list[int]) -> list[int]:
+    """spray's round: each uplink's steering hash once per unit of its weight."""
+    return [t for t, w in zip(steer_targets(weights), weights) for _ in range(w)]
+
+
+def steer_targets(weights: list[int]) -> list[int]:
+    """adaptive: per next hop, a hash that the kernel's hash-threshold choice sends to it (its
+    bound: the highest half-hash it holds)."""
+    return [max(0, bound) << 1 for bound in upper_bounds(weights, [True] * len(weights))]
+
+
+def adaptive_pick(depths: list[int], last: int) -> int:
+    """adaptive: the next hop with the fewest bytes queued; a tie goes to the first after the
+    router's `last` pick, so the uplinks that tie take packets in turn (an uplink whose queue
+    builds drops out of the turn, and the others share its part evenly)."""
+    n = len(depths)
+    start = (last + 1) % n
+    best = start
+    for i in range(1, n):
+        j = (start + i) % n
+        if depths[j] < depths[best]:
+            best = j
+    return best
 
 
 def upper_bounds(weights: list[int], usable: list[bool]) -> list[int]:

@@ -21,3 +21,44 @@ def sent_bytes(plan: LabPlan, kind: str = "scale-across") -> int:
                     cache[ns] = rtnl.link_dump(sock)
             total += cache[ns].get(iface, {}).get("tx_bytes", 0)
     return total
+
+
+def uplink_bytes(plan: LabPlan) -> dict[str, dict[str, list[int]]]:
+    """leaf -> its port toward a switch of a leaf-spine fabric -> [tx, rx] bytes now, from the
+    ports' own counters. A leaf is a router with an end host cabled to it; what it sends up those
+    ports is its load balancer's choice, what it receives the other leaves'."""
+    out: dict[str, dict[str, list[int]]] = {}
+    by_name = {n.name: n for n in plan.nodes}
+    for node in plan.nodes:
+        if not node.forwarding or all(by_name[i.peer_node].forwarding for i in node.interfaces):
+            continue
+        ups = [i.name for i in node.interfaces if by_name[i.peer_node].forwarding
+               and fabric_kind(plan.fabrics[i.fabric].kind).leaf_spine]
+        if not ups or not nsutil.exists(node.namespace):
+            continue
+        with nsutil.netlink_socket(node.namespace) as sock:
+            links = rtnl.link_dump(sock)
+        out[node.name] = {p: [links.get(p, {}).get("tx_bytes", 0), links.get(p, {}).get("rx_bytes", 0)] for p in ups}
+    return out
+
+
+def uplink_deltas(before: dict, after: dict) -> dict[str, dict[str, dict[str, int]]]:
+    """What each leaf's uplinks carried between two `uplink_bytes`: {leaf: {port: {up, down}}}."""
+    return {leaf: {p: {"up": after[leaf][p][0] - v[0], "down": after[leaf][p][1] - v[1]}
+                   for p, v in ports.items() if p in after.get(leaf, {})}
+            for leaf, ports in before.items()}
+
+
+def link_imbalance(uplinks: dict, floor: int = 1_000_000) -> dict:
+    """max / mean bytes over each leaf's uplinks, per direction (up: what the leaf spread; down:
+    what the others sent it through the spines), and the worst of them; a leaf-direction that
+    carried under `floor` bytes in all is left out. 1.0 is a perfect spread."""
+    per, worst = {}, 1.0
+    for leaf, ports in uplinks.items():
+        for way in ("up", "down"):
+            values = [v[way] for v in ports.values()]
+            if len(values) > 1 and sum(values) > 0 and sum(values) >= floor:
+                ratio = max(values) / (sum(values) / len(values))
+                per[f"{leaf} {way}"] = round(ratio, 4)
+                worst = max(worst, ratio)
+    return {"worst": worst, "per_leaf": per}

@@ -153,8 +153,9 @@ def _validated(data, smap: SourceMap, text: str, file: Path, template: str | Non
 
 def input_error(exc: ValidationError, smap: SourceMap, root=None) -> InputError:
     """A pydantic error as one located InputError (file, line, key, and the field's own help)."""
-    # an unknown key explains a missing one next to it ("nodez" → "nodes" missing): report it first
-    errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
+    # an unknown key explains a missing one next to it ("nodez" → "nodes" missing): report it first;
+    # and of a union's branches, one that took the value's type says more than one that did not
+    errors = sorted(exc.errors(), key=lambda e: (e["type"] != "extra_forbidden", e["type"].endswith("_type")))
     err = errors[0]
     loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p))  # drop union branch tags
     kind = err["type"]

@@ -44,10 +44,35 @@ class Defaults(Strict):
     buffer: Size = Field(4 * 1024 * 1024, description="egress buffer per port in bytes, e.g. 4MiB")
 
 
+LB_MODES = ("ecmp", "ecmp-qp", "spray", "adaptive")
+
+
+def _lb_mode(text: str) -> str:
+    """A load-balancing mode: ecmp, ecmp-qp, flowlet:GAP (fabric time, e.g. flowlet:50us), spray, adaptive."""
+    if text in LB_MODES:
+        return text
+    if text.startswith("flowlet:"):
+        gap = parse_duration_ns(text.split(":", 1)[1])
+        if not 0 < gap <= 10**9:
+            raise ValueError(f"a flowlet gap is more than 0 and at most 1s of fabric time, not {text.split(':', 1)[1]!r}")
+        return text
+    if text == "flowlet":
+        raise ValueError("flowlet needs its gap in fabric time: flowlet:GAP, e.g. flowlet:50us")
+    raise ValueError(f"{text!r} is not a load-balancing mode: one of ecmp, ecmp-qp, flowlet:GAP (e.g. "
+                     "flowlet:50us), spray, adaptive")
+
+
+LbMode = Annotated[str, AfterValidator(_lb_mode)]
+
+
 class Routing(Strict):
     hash_policy: Literal[0, 1] = Field(1, description="0 = L3 (addresses), 1 = L4 (the 5-tuple, as a switch hashes)")
     hash_seed: int = Field(1, ge=1, lt=2**32,
                            description="fib_multipath_hash_seed, fixed so ECMP spreads are reproducible")
+    lb: LbMode | dict[Literal["leaf", "spine"], LbMode] | None = Field(
+        None, description="load balancing: one mode for every router, or per tier {leaf: MODE, spine: MODE} "
+                          "(a leaf has an end host cabled to it); modes: ecmp, ecmp-qp, flowlet:GAP, spray, "
+                          "adaptive. Unset: the kernel's ECMP hash")
 
 
 class TrafficClass(Strict):
@@ -149,6 +174,8 @@ class NodeSpec(Strict):
                                                              "in order (split as a shell would; no shell runs them)")
     routes: Literal["static", "none"] = Field("static", description="static: labctl installs shortest-path ECMP "
                                               "routes; none: the node routes for itself (e.g. FRR)")
+    lb: LbMode | None = Field(None, description="this router's load-balancing mode, over its tier's "
+                                                "(routing.lb): ecmp, ecmp-qp, flowlet:GAP, spray or adaptive")
     addresses: Literal["auto", "none"] = Field("auto", description="auto: labctl numbers the node's ports; none: "
                                                "its exec: lines do (its links get no addresses, and it no routes)")
 

@@ -30,12 +30,12 @@ LATE_GRACE_S = 0.2            # how long a message short of a packet waits for i
 class Agent:
     def __init__(self, rank: int, mtu: int, peers: dict, cnp_interval: float | None = None,
                  sport_policy: str = "per-qp", seed: int = 1, reliable: bool = False, gso: bool = True,
-                 priorities: dict[int, int] | None = None, dcqcn: dict | None = None):
+                 priorities: dict[int, int] | None = None, dcqcn: dict | None = None, ooo: str = "drop"):
         self.rank = rank
         params = Params(**dcqcn) if dcqcn is not None else None
         self.sender = Sender(rank, mtu, sport_policy, random.Random(seed * 7919 + rank), reliable, gso,
                              priorities, params)
-        self.receiver = Receiver(rank, peers, self.sender, cnp_interval, reliable)
+        self.receiver = Receiver(rank, peers, self.sender, cnp_interval, reliable, ooo)
         self.stop = False
         self.last_arrival = 0.0        # time.monotonic() of the latest batch received: progress
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -155,7 +155,8 @@ def main() -> None:
             agent = Agent(msg["rank"], msg["mtu"], {ip: tuple(v) for ip, v in msg["peers"].items()},
                           msg.get("cnp_interval"), msg.get("sport_policy", "per-qp"), msg.get("seed", 1),
                           msg.get("reliable", False), msg.get("gso", True),
-                          {int(k): v for k, v in msg.get("priorities", {}).items()}, msg.get("dcqcn"))
+                          {int(k): v for k, v in msg.get("priorities", {}).items()}, msg.get("dcqcn"),
+                          msg.get("ooo", "drop"))
             say({"event": "ready", "rank": agent.rank, "pid": os.getpid()})
         elif cmd == "run":
             say(agent.run(msg))

@@ -68,6 +68,7 @@ class RunOptions:
     cnp_interval_us: float | None = None   # real-fabric µs; None: receivers are no notification points
     seed: int = 1
     reliable: bool = False
+    ooo: str = "drop"                      # reliable receivers: go-back-N (drop) or tolerate reordering
     dcqcn: bool = False
     dcqcn_params: Params = dataclasses.field(default_factory=Params)
 
@@ -125,7 +126,7 @@ class AgentPool:
                 self._send(r, {"cmd": "init", "rank": r, "mtu": roce.roce_mtu(mtu), "peers": peers,
                                "cnp_interval": interval, "sport_policy": options.sport_policy,
                                "seed": options.seed, "cpu": cpus[len(self.procs) % len(cpus)],
-                               "reliable": options.reliable, "priorities": _priorities(node),
+                               "reliable": options.reliable, "ooo": options.ooo, "priorities": _priorities(node),
                                "dcqcn": dataclasses.asdict(options.dcqcn_params.scaled(plan.dilation)) if options.dcqcn
                                else None})
             self._collect("ready", len(ranks), timeout=60)

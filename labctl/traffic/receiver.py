@@ -4,10 +4,24 @@ Per QP (sender address, destination QP): packets, bytes, PSN gaps, late packets 
 reordered packets (late ones that filled a gap), ECN-CE marks. A message arrives with its last
 packet (WRITE with Immediate: the immediate names the transfer). It spans the PSNs after the previous
 message's last one, so it is complete when none of them is missing, whatever order they came in: a
-packet that arrives after a later one completes its message then. Each message is ACKed; in
-reliable mode an out-of-order packet is dropped and answered with one NAK (PSN sequence error)
-per expected PSN, as a go-back-N RC receiver does. As a DCQCN notification point the receiver
-sends a CNP per QP at most once per interval while CE-marked packets arrive.
+packet that arrives after a later one completes its message then. Each message is ACKed.
+
+In reliable mode the receiver is one of two kinds of RC NIC (`ooo`):
+
+- drop (go-back-N): a packet ahead of the expected PSN is dropped and answered with one NAK (PSN
+  sequence error) per expected PSN, so the sender resends from there: reordering costs
+  retransmissions;
+- tolerate: a packet up to OOO_WINDOW PSNs ahead is placed where it belongs (its PSN kept in a
+  bitmap, here a dict), and when the hole before it fills, the receiver moves on past every PSN
+  it holds; it ACKs the highest contiguous PSN at each message's end and NAKs only beyond the
+  window (as NICs that support packet spraying do).
+
+Either kind counts the network's reordering the same way (RFC 4737's reordered packet, first
+transmissions only): a packet is reordered when a later PSN of its QP arrived before it did, and
+it was not seen before (a resent copy of a packet that was dropped or held is not).
+
+As a DCQCN notification point the receiver sends a CNP per QP at most once per interval while
+CE-marked packets arrive.
 """
 from __future__ import annotations
 
@@ -20,6 +34,7 @@ from labctl.traffic import roce
 from labctl.traffic.sender import Sender, qpn, qpn_fields
 
 MAX_TRACKED_GAP = 4096  # PSNs remembered per gap to recognise reordering
+OOO_WINDOW = 1024       # tolerate: PSNs ahead of the expected one a receiver places (its bitmap)
 
 
 @dataclass
@@ -28,8 +43,9 @@ class QpRx:
     bytes: int = 0
     gaps: int = 0          # PSNs that never came (before a later one did)
     late: int = 0          # PSNs behind the expected one that filled no gap: duplicates
-    reordered: int = 0     # PSNs that arrived after a later one but filled their gap
-    dropped: int = 0       # reliable mode: out-of-order packets discarded (go-back-N)
+    reordered: int = 0     # PSNs that arrived after a later one (first transmissions)
+    dropped: int = 0       # reliable mode: out-of-order packets discarded (go-back-N, or beyond the window)
+    early: int = 0         # tolerate: packets placed ahead of the expected PSN
     ce: int = 0
     cnp_sent: int = 0
     naks_sent: int = 0
@@ -40,19 +56,25 @@ class QpRx:
     untracked: int = 0     # PSNs of that message lost in a gap too long to remember one by one
     last_cnp: float = 0.0
     nak_for: int | None = None
+    next_exp: int = 0      # reliable mode: one past the highest PSN seen
+    ahead: set = field(default_factory=set)    # reliable mode: PSNs seen ahead of the expected one
+    held: dict = field(default_factory=dict)   # tolerate: psn -> (opcode, immediate, size), placed early
     missing: set = field(default_factory=set)
     unfinished: list = field(default_factory=list)  # [first psn, last psn, transfer id, PSNs missing]
 
-    PUBLIC = ("packets", "bytes", "gaps", "late", "reordered", "dropped", "ce", "cnp_sent", "naks_sent", "messages")
+    PUBLIC = ("packets", "bytes", "gaps", "late", "reordered", "dropped", "early", "ce", "cnp_sent", "naks_sent",
+              "messages")
 
     def public(self) -> dict:
         return {k: getattr(self, k) for k in self.PUBLIC}
 
 
 class Receiver:
-    def __init__(self, rank: int, peers: dict, sender: Sender, cnp_interval: float | None, reliable: bool):
+    def __init__(self, rank: int, peers: dict, sender: Sender, cnp_interval: float | None, reliable: bool,
+                 ooo: str = "drop"):
         self.rank, self.peers, self.sender = rank, peers, sender
         self.cnp_interval, self.reliable = cnp_interval, reliable
+        self.tolerate = reliable and ooo == "tolerate"
         self.qps: dict[tuple[str, int], QpRx] = {}
         self.arrived: dict[int, tuple[float, int, bool]] = {}
         self.cond = threading.Condition()
@@ -76,18 +98,12 @@ class Receiver:
             q.ce += 1
             self._maybe_cnp(q, src_ip, dqpn)
         gap = (psn - q.expected_psn) & roce.PSN_MASK
+        if self.reliable:
+            self._reliable(q, src_ip, dqpn, data, opcode, pad, psn, gap)
+            return
         if gap == 0:
             q.expected_psn = (psn + 1) & roce.PSN_MASK
-            q.nak_for = None
         elif gap < 1 << 23:
-            if self.reliable:  # go-back-N: drop it, ask once for the PSN we expect
-                q.dropped += 1
-                if q.nak_for != q.expected_psn:
-                    q.nak_for = q.expected_psn
-                    q.naks_sent += 1
-                    self._reply(src_ip, dqpn, lambda s, d, sp, qq, e=q.expected_psn, m=q.messages:
-                                roce.ack_payload(s, d, sp, qq, e, m, roce.NAK_PSN_SEQ_ERR), roce.TOS_DATA)
-                return
             q.gaps += gap
             if gap <= MAX_TRACKED_GAP:
                 q.missing.update((q.expected_psn + i) & roce.PSN_MASK for i in range(gap))
@@ -95,14 +111,56 @@ class Receiver:
                 q.untracked += gap  # too many to remember: the message they belong to stays short
             q.expected_psn = (psn + 1) & roce.PSN_MASK
         else:
-            if self.reliable:
-                q.late += 1
-                if opcode in roce.ENDS:  # a resent message we already have: its ACK was lost
-                    self._ack(src_ip, dqpn, (q.expected_psn - 1) & roce.PSN_MASK, q.messages)
-                return
             self._late(q, data, opcode, pad, psn)
             return
-        immediate, size = _payload(data, opcode, pad)
+        self._accept(q, src_ip, dqpn, opcode, psn, *_payload(data, opcode, pad))
+
+    def _reliable(self, q: QpRx, src_ip: str, dqpn: int, data: memoryview, opcode: int, pad: int, psn: int,
+                  gap: int) -> None:
+        """An RC receiver, go-back-N or tolerant of reordering (the module's docstring)."""
+        newest = (psn - q.next_exp) & roce.PSN_MASK < 1 << 23
+        if newest:
+            q.next_exp = (psn + 1) & roce.PSN_MASK
+        elif gap < 1 << 23 and psn not in q.ahead:
+            q.reordered += 1            # behind a later PSN, not before the expected one, never seen
+        if gap == 0:
+            q.expected_psn = (psn + 1) & roce.PSN_MASK
+            q.nak_for = None
+            q.ahead.discard(psn)
+            self._accept(q, src_ip, dqpn, opcode, psn, *_payload(data, opcode, pad))
+            while q.expected_psn in q.held:      # the hole is filled: what was placed after it counts now
+                p = q.expected_psn
+                q.ahead.discard(p)
+                op, immediate, size = q.held.pop(p)
+                q.expected_psn = (p + 1) & roce.PSN_MASK
+                self._accept(q, src_ip, dqpn, op, p, immediate, size)
+            return
+        if gap < 1 << 23:
+            if self.tolerate and gap < OOO_WINDOW:
+                if psn not in q.held:
+                    q.held[psn] = (opcode, *_payload(data, opcode, pad))
+                    q.ahead.add(psn)
+                    q.early += 1
+                else:
+                    q.late += 1
+                return
+            # go-back-N (or past the window): drop it, ask once for the PSN we expect
+            q.ahead.add(psn)
+            q.dropped += 1
+            if q.nak_for != q.expected_psn:
+                q.nak_for = q.expected_psn
+                q.naks_sent += 1
+                self._reply(src_ip, dqpn, lambda s, d, sp, qq, e=q.expected_psn, m=q.messages:
+                            roce.ack_payload(s, d, sp, qq, e, m, roce.NAK_PSN_SEQ_ERR), roce.TOS_DATA)
+            return
+        q.late += 1
+        if opcode in roce.ENDS:  # a resent message we already have: its ACK was lost
+            self._ack(src_ip, dqpn, (q.expected_psn - 1) & roce.PSN_MASK, q.messages)
+
+    def _accept(self, q: QpRx, src_ip: str, dqpn: int, opcode: int, psn: int, immediate: int | None,
+                size: int) -> None:
+        """A packet in order (or placed, its hole now filled): its bytes count; a message's last
+        packet ACKs it and records its arrival."""
         q.bytes += size
         q.msg_bytes += size
         if opcode in roce.ENDS:

@@ -22,6 +22,31 @@ def summarize(results: list[dict]) -> list[dict]:
     return out
 
 
+def reordering(counters: dict, options: dict) -> dict:
+    """What reordering did in a run, from the agents' counters: the share of data packets that
+    arrived after a later one of their QP (first transmissions: traffic/receiver.py), what the
+    receivers did about it (`ooo`, reliable runs), the NAKs they sent and what was resent."""
+    rx = [q for c in counters.values() for q in c.get("rx", [])]
+    tx = [q for c in counters.values() for q in c.get("tx", [])]
+    packets = sum(q["packets"] for q in rx)
+    reordered = sum(q["reordered"] for q in rx)
+    return {"receivers": (options.get("ooo", "drop") if options.get("reliable") else "unreliable"),
+            "data_packets": packets, "reordered": reordered,
+            "reordered_share": reordered / packets if packets else 0.0,
+            "placed_early": sum(q.get("early", 0) for q in rx), "dropped": sum(q.get("dropped", 0) for q in rx),
+            "naks": sum(q.get("naks_sent", 0) for q in rx),
+            "retransmitted_packets": sum(q.get("retransmitted", 0) for q in tx),
+            "retransmitted_bytes": sum(q.get("retransmitted_bytes", 0) for q in tx)}
+
+
+def reordering_line(r: dict) -> str:
+    what = {"drop": "go-back-N receivers (ooo: drop)", "tolerate": "receivers that place out of order (ooo: tolerate)",
+            "unreliable": "unreliable receivers (nothing resent)"}[r["receivers"]]
+    return (f"# reordering: {r['reordered_share']:.2%} of {r['data_packets']:,} data packets arrived after a later one "
+            f"({r['reordered']:,}); {what}: {r['naks']:,} NAKs, {r['retransmitted_packets']:,} packets "
+            f"({r['retransmitted_bytes']:,} bytes) resent")
+
+
 def table(doc: dict) -> str:
     rows = summarize(doc["results"])
     d = doc["dilation"]
@@ -60,6 +85,8 @@ def table(doc: dict) -> str:
         reordered = sum(q["reordered"] for c in doc.get("counters", {}).values() for q in c.get("rx", []))
         lines.append(f"# receivers: {total_gaps} packets lost (PSN gaps), "
                      f"{sum(q['late'] for _, q in lost)} duplicates, {reordered} reordered, {ce} ECN-CE marks")
+    if doc.get("reordering"):
+        lines.append(reordering_line(doc["reordering"]))
     if "loss_ledger" in doc:
         from labctl.telemetry.ledger import summary
         lines.append("# " + summary(doc["loss_ledger"]))

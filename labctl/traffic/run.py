@@ -15,9 +15,9 @@ from labctl.telemetry import reaction
 from labctl.errors import InputError, LabError, Where
 from labctl.plan.model import LabPlan
 from labctl.state import LabDir
-from labctl.telemetry import ledger, linkbytes
+from labctl.telemetry import fabricports, ledger, linkbytes
 from labctl.telemetry.sampler import QueueSampler
-from labctl.traffic import algorithms, causes, fabricmap, flows, fsdp, placement, schedule as sch, train_run
+from labctl.traffic import algorithms, causes, fabricmap, flows, fsdp, placement, report, schedule as sch, train_run
 from labctl.traffic.dcqcn import Params
 from labctl.traffic.tcpflow import FlowRun
 from labctl.traffic.pool import ID_MASK, AgentPool, RunOptions, bound_parts, gpu_ranks, local_index
@@ -205,12 +205,12 @@ def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Pa
     with procs.realtime():
         losses_before = ledger.snapshot(plan, lab.path)
     reactions_before, since = reaction.read(lab.path), time.monotonic()
-    link_bytes_before = linkbytes.snapshot(plan)
+    link_bytes_before, uplinks_before = linkbytes.snapshot(plan), fabricports.uplink_bytes(plan)
     # only where a controller runs: the watchers cost a few % of a core, and only its reaction needs them
     stalls = StallWatch((lab.path / "pfc.json").exists()).start()
     results, flow_results, series, long_reads, counters = _play(plan, lab, loaded, ops, tcp_flows, ranks,
                                                                 out_dir, stalls, progress)
-    link_bytes_after = linkbytes.snapshot(plan)
+    link_bytes_after, uplinks_after = linkbytes.snapshot(plan), fabricports.uplink_bytes(plan)
     gaps = sum(q["gaps"] for c in counters.values() for q in c.get("rx", []))
     with procs.realtime():
         losses = ledger.ledger(losses_before, ledger.snapshot(plan, lab.path), plan, gaps)
@@ -223,6 +223,8 @@ def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Pa
            "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "results": results,
            "counters": {str(r): c for r, c in counters.items()}, "queue_series": series,
            "flows": [f for f in flow_results if f["received"] or f["error"]], "loss_ledger": losses,
+           "reordering": report.reordering(counters, w.options.model_dump()) if ops else None,
+           "uplinks": fabricports.uplink_deltas(uplinks_before, uplinks_after),
            "controller_reaction": reactions}
     doc.update(fabric_bytes(plan, ops, link_bytes_before, link_bytes_after, bool(tcp_flows)))
     if w.fsdp:
@@ -251,7 +253,7 @@ def _play(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, ops: list, tcp_flo
     alpha = w.options.alpha * 1e-9 * plan.dilation
     options = RunOptions(qps=w.options.qps, sport_policy=w.options.sport,
                          cnp_interval_us=w.options.cnp_interval / 1000 if w.options.cnp else None,
-                         reliable=w.options.reliable, dcqcn=w.options.dcqcn,
+                         reliable=w.options.reliable, ooo=w.options.ooo, dcqcn=w.options.dcqcn,
                          dcqcn_params=dcqcn_params(w.options))
     results = []
     pool = sampler = tcp = None
@@ -292,8 +294,9 @@ def _placement(plan: LabPlan, trace, w, ops: list, ranks: list[int]) -> dict:
     """Where ECMP put a ring's hops, and the fabric paths of the first operation's pairs, where
     the run's options let a trace tell (one channel, ports that are not random)."""
     out = {}
-    if w.collective in RINGS and w.options.qps == 1 and w.options.channels == 1 and w.options.sport == "per-qp":
-        hops = placement.ring_hops(plan, trace, ranks)
+    if w.collective in RINGS and w.options.qps == 1 and w.options.channels == 1 and w.options.sport != "random" \
+            and placement.paths_fixed(plan):
+        hops = placement.ring_hops(plan, trace, ranks, w.options.sport)
         out["ring_placement"] = {"hops": hops, "note": placement.collision_note(hops)}
     if w.collective in RINGS + ("hier_all_reduce",) and w.options.channels == 1 \
             and w.options.sport != "random" and w.options.qps * len(ranks) <= MAX_TRACED_FLOWS:

@@ -54,6 +54,7 @@ class QpTx:
     naks: int = 0
     cnp_received: int = 0
     retransmitted: int = 0
+    retransmitted_bytes: int = 0
     timeouts: int = 0
     unacked: deque = field(default_factory=deque)
     resend_from: int | None = None
@@ -64,7 +65,7 @@ class QpTx:
 
     def public(self) -> dict:
         out = {k: getattr(self, k) for k in ("psn", "packets", "bytes", "acks", "naks", "cnp_received",
-                                             "retransmitted", "timeouts")}
+                                             "retransmitted", "retransmitted_bytes", "timeouts")}
         if self.rp is not None:
             out["dcqcn_cuts"] = self.rp.cuts
             out["dcqcn_rate_bps"] = self.rp.rc
@@ -228,6 +229,7 @@ class Sender:
                     return  # the rest of this message has not been sent for the first time yet
                 send(m.sock, payload, [], m.dest)
                 q.retransmitted += 1
+                q.retransmitted_bytes += len(payload) + roce.FRAME_OVERHEAD - roce.BTH_LEN - roce.ICRC_LEN
         q.last_progress = time.monotonic()
 
     def settle(self, deadline: float, rto: float) -> bool:

@@ -54,6 +54,14 @@ class Sweep(Strict):
 
 
 class Options(Strict):
+    @model_validator(mode="after")
+    def _ooo_needs_reliable(self):
+        if "ooo" in self.model_fields_set and not self.reliable:
+            raise ValueError("ooo: chooses what a reliable receiver does with a packet that overtook another; "
+                             "without reliable: true every packet is kept and none is asked for again "
+                             "(add reliable: true)")
+        return self
+
     qps: int = Field(1, ge=1, le=8, description="queue pairs per connection, 1..8 (messages round-robin)")
     sport: Literal["per-qp", "fixed", "random"] = Field(
         "per-qp", description="UDP source port: per-qp (from the QP pair, as Linux), fixed, or random per message")
@@ -71,6 +79,10 @@ class Options(Strict):
     dcqcn_byte_counter: Size = Field(10_000_000, description="DCQCN byte counter (default 10MB)")
     reliable: bool = Field(False, description="go-back-N: NAK (syndrome 0x60) and resend, so loss shows as "
                                               "retransmissions instead of missing bytes")
+    ooo: Literal["drop", "tolerate"] = Field(
+        "drop", description="reliable receivers: drop (go-back-N: a packet ahead of the next PSN is dropped and "
+                            "NAKed, so reordering costs retransmissions) or tolerate (placed where it belongs, "
+                            "as NICs that support spraying do: a window of PSNs ahead, the highest contiguous ACKed)")
     cnp_interval: Annotated[int, BeforeValidator(parse_duration_ns)] = Field(
         50_000, description="minimum real-fabric time between CNPs per QP, default 50us")
     alpha: Annotated[int, BeforeValidator(parse_duration_ns)] = Field(

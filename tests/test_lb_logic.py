@@ -1,0 +1,276 @@
+"""The load-balancing modes without root: each mode's tc program, run instruction by instruction
+(tests/bpfvm.py) on crafted frames, gives the hash the model in plan/flowhash.py computes, and
+the model spreads as each mode promises. tests/test_netns_lb.py checks the same on a real lab."""
+from __future__ import annotations
+
+import random
+import socket
+import struct
+
+import pytest
+
+from bpfvm import ArrayMap, HashMap, Skb, Vm
+from labctl.kernel import flowhash as kernel_side
+from labctl.kernel import lb as lbwire
+from labctl.plan.flowhash import (WEYL, FlowHash, adaptive_pick, flowlet_hash, hash32, select, spray_hash, state,
+                                  steer_targets)
+
+FLOWS_FD, DEPTH_FD = 7, 8
+
+
+def frame(saddr: int, daddr: int, proto: int = 17, sport: int = 49152, dport: int = 4791, qp: int = 0,
+          ihl: int = 5, flags: int = 0x4000, payload: int = 64) -> bytes:
+    """Ethernet + IPv4 (+ options to `ihl`) + UDP/TCP ports + a BTH whose destination QP is `qp`."""
+    ip = struct.pack("!BBHHHBBHII", 0x40 | ihl, 0, 20 + 8 + 12 + payload, 0, flags, 64, proto, 0, saddr, daddr)
+    ip += bytes(4 * (ihl - 5))
+    l4 = struct.pack("!HHHH", sport, dport, 8 + 12 + payload, 0)
+    bth = struct.pack("!BBHII", 0x07, 0, 0xFFFF, qp & 0xFFFFFF, 5)
+    return bytes(12) + b"\x08\x00" + ip + l4 + bth + bytes(payload)
+
+
+def run(fh: FlowHash, pkt: bytes, vm: Vm | None = None, linear: int | None = None) -> int | None:
+    vm = vm or Vm()
+    skb = Skb(pkt, linear)
+    assert vm.run(kernel_side.program(fh, FLOWS_FD, DEPTH_FD), skb) == -1     # TC_ACT_UNSPEC: carry on
+    return skb.hash
+
+
+def addr(text: str) -> int:
+    return int.from_bytes(socket.inet_aton(text), "big")
+
+
+@pytest.mark.parametrize("mode", [None, "ecmp"])
+def test_ecmp_program_computes_the_models_hash(mode):
+    rnd = random.Random(5)
+    for l4 in (True, False):
+        fh = FlowHash(l4=l4, seed=rnd.getrandbits(32), mode=mode)
+        for _ in range(200):
+            s, d, sp, dp = rnd.getrandbits(32), rnd.getrandbits(32), rnd.getrandbits(16), rnd.getrandbits(16)
+            proto = rnd.choice((6, 17, 1, 47))
+            ihl = rnd.choice((5, 5, 6, 15))
+            frag = rnd.random() < 0.2
+            got = run(fh, frame(s, d, proto, sp, dp, ihl=ihl, flags=0x2001 if frag else 0x4000))
+            assert got == hash32(fh, s, d, proto, sp, dp, fragment=frag)
+
+
+def test_what_is_not_ipv4_keeps_its_hash():
+    fh = FlowHash(True, 1, "spray")
+    arp = bytes(12) + b"\x08\x06" + bytes(28)
+    assert run(fh, arp) is None
+    assert run(fh, frame(1, 2)[:30]) is None                         # shorter than an IP header
+    bad_version = bytearray(frame(1, 2))
+    bad_version[14] = 0x65
+    assert run(fh, bytes(bad_version)) is None
+
+
+def test_ecmp_qp_hashes_the_bth_destination_qp_of_rocev2_only():
+    fh = FlowHash(True, 3, "ecmp-qp")
+    s, d = addr("10.1.0.1"), addr("10.1.0.9")
+    seen = set()
+    for qp in (0x100000, 0x100001, 0x10100B, 0xFFFFFF):
+        got = run(fh, frame(s, d, qp=qp))
+        assert got == hash32(fh, s, d, 17, 49152, 4791, qp=qp)
+        seen.add(got)
+    assert len(seen) == 4, "each QP of one 5-tuple is a flow of its own"
+    # in ecmp mode the QP is not hashed; UDP to another port and TCP are hashed as in ecmp
+    assert hash32(FlowHash(True, 3, "ecmp"), s, d, 17, 49152, 4791, qp=5) == hash32(FlowHash(True, 3), s, d, 17,
+                                                                                   49152, 4791)
+    assert run(fh, frame(s, d, sport=1, dport=4792, qp=9)) == hash32(fh, s, d, 17, 1, 4792)
+    assert run(fh, frame(s, d, proto=6, dport=4791, qp=9)) == hash32(fh, s, d, 6, 49152, 4791)
+    # the BTH outside the linear part (a segment of a GSO send): still read, by skb_load_bytes
+    assert run(fh, frame(s, d, qp=0x10100B), linear=14 + 20 + 8) == hash32(fh, s, d, 17, 49152, 4791, qp=0x10100B)
+
+
+@pytest.mark.parametrize("weights", [[1, 1, 1, 1], [1, 1, 1], [2, 1]])
+def test_spray_takes_a_routers_uplinks_in_strict_turn(weights):
+    n = len(weights)
+    fh = FlowHash(True, 1, "spray", group=[f"spine{k + 1}" for k in range(n)], weights=weights)
+    vm = Vm({FLOWS_FD: HashMap(kernel_side.FLOW_VALUE)})
+    s, d = addr("10.1.0.1"), addr("10.1.0.9")
+    key = hash32(fh, s, d, 17, 49152, 4791)
+    got = [run(fh, frame(s, d), vm) for _ in range(3 * n)]
+    assert got == [spray_hash(key, k, weights) for k in range(3 * n)]
+    picks = [select(h, weights, [True] * n) for h in got]
+    rnd = [k for k, w in enumerate(weights) for _ in range(w)]   # a link of weight 2 counts twice
+    assert picks == [rnd[(key + k) % len(rnd)] for k in range(3 * n)]     # from the flow's own place
+
+
+def test_spray_walks_the_next_hops_in_turn_where_routes_differ_in_them():
+    fh = FlowHash(True, 1, "spray")
+    flows = HashMap(kernel_side.FLOW_VALUE)
+    vm = Vm({FLOWS_FD: flows})
+    s, d = addr("10.1.0.1"), addr("10.1.0.9")
+    key = hash32(fh, s, d, 17, 49152, 4791)
+    got = [run(fh, frame(s, d), vm) for _ in range(64)]
+    assert got == [spray_hash(key, k) for k in range(64)]
+    assert struct.unpack("<QQ", flows.values[struct.pack("<I", key)]) == (0, 64)
+    for n in (2, 3, 4, 8):
+        counts = [0] * n
+        for h in got:
+            counts[select(h, [1] * n, [True] * n)] += 1
+        assert max(counts) - min(counts) <= 2, (n, counts)
+    # another flow has its own count
+    other = run(fh, frame(s, d, sport=49153), vm)
+    assert other == spray_hash(hash32(fh, s, d, 17, 49153, 4791), 0)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 8, 16])
+def test_spray_balances_any_flow_over_n_next_hops_within_a_few_packets(n):
+    rnd = random.Random(n)
+    for _ in range(50):
+        key = rnd.getrandbits(32)
+        packets = rnd.randrange(50, 5000)
+        counts = [0] * n
+        for k in range(packets):
+            counts[select(spray_hash(key, k), [1] * n, [True] * n)] += 1
+        # a low-discrepancy sequence: the shares differ by a few packets (the log of their
+        # number), where a random choice per packet would differ by about sqrt(packets / n)
+        assert max(counts) - min(counts) <= 6, (n, packets, counts)
+    assert WEYL % 2 == 1
+
+
+def test_flowlet_keeps_its_path_within_the_gap_and_draws_again_after_it():
+    gap = 200_000_000                                  # 50 us of fabric time at dilation 4000
+    fh = FlowHash(True, 1, "flowlet", gap_ns=gap)
+    now = [1_000_000_000]
+    flows = HashMap(kernel_side.FLOW_VALUE)
+    vm = Vm({FLOWS_FD: flows}, clock=lambda: now[0])
+    s, d = addr("10.1.0.1"), addr("10.1.0.9")
+    h = state(fh, s, d, 17, 49152, 4791)
+    key = hash32(fh, s, d, 17, 49152, 4791)
+    expected, number = [], 0
+    for pause in (0, 1000, gap // 2, gap, gap + 1, 10, 3 * gap, gap - 1, gap + 5_000_000):
+        now[0] += pause
+        if pause > gap:
+            number += 1
+        expected.append(flowlet_hash(fh, h, number))
+        assert run(fh, frame(s, d), vm) == expected[-1], pause
+        assert struct.unpack("<QQ", flows.values[struct.pack("<I", key)]) == (now[0], number)
+    assert number == 3
+    assert len(set(expected)) == 4
+
+
+@pytest.mark.parametrize("weights", [[1, 1], [1, 1, 1, 1], [1, 3, 2], [1] * 8])
+def test_adaptive_sends_each_packet_to_the_shallowest_uplink(weights):
+    n = len(weights)
+    fh = FlowHash(True, 1, "adaptive", group=[f"spine{k + 1}" for k in range(n)], weights=weights)
+    depth = ArrayMap(1, 8 * (n + 1))
+    vm = Vm({DEPTH_FD: depth})
+    rnd = random.Random(n)
+    targets = steer_targets(weights)
+    for last in list(range(n)) * 10:
+        depths = [rnd.choice((0, 0, 1500, 4096, 9000, 2 ** 40, -1500)) for _ in range(n)]
+        depth.values[0][:] = struct.pack(f"<Q{n}q", last, *depths)
+        got = run(fh, frame(rnd.getrandbits(32), rnd.getrandbits(32)), vm)
+        pick = adaptive_pick(depths, last)
+        assert got == targets[pick]
+        assert select(got, weights, [True] * n) == pick
+        assert depths[pick] == min(depths)
+        assert struct.unpack_from("<Q", depth.values[0])[0] == pick          # the next scan starts after it
+
+
+def test_adaptive_uplinks_that_tie_take_packets_in_turn():
+    def picks(depths, count):
+        out, last = [], len(depths) - 1
+        for _ in range(count):
+            last = adaptive_pick(depths, last)
+            out.append(last)
+        return out
+    assert picks([0, 0, 0], 6) == [0, 1, 2, 0, 1, 2]
+    # an uplink whose queue builds drops out, and the others share its part evenly
+    assert picks([5, 0, 0, 0], 6) == [1, 2, 3, 1, 2, 3]
+
+
+def test_depth_counters_add_at_the_queue_and_take_away_at_the_far_end():
+    depth = ArrayMap(1, 8 * 3)
+    vm = Vm({DEPTH_FD: depth})
+    pkt = frame(1, 2)
+    for slot in (0, 1, 1):
+        assert vm.run(lbwire.counter_program(DEPTH_FD, slot, +1), Skb(pkt)) == -1
+    assert struct.unpack("<Qqq", depth.values[0]) == (0, len(pkt), 2 * len(pkt))
+    assert vm.run(lbwire.counter_program(DEPTH_FD, 1, -1), Skb(pkt)) == -1
+    assert struct.unpack("<Qqq", depth.values[0]) == (0, len(pkt), len(pkt))
+
+
+def test_every_mode_is_whole_instructions_whose_jumps_land_inside_it():
+    for mode in (None, "ecmp", "ecmp-qp", "flowlet", "spray", "adaptive"):
+        fh = FlowHash(True, 1, mode, gap_ns=5, group=["a", "b", "c"], weights=[1, 1, 1])
+        code = kernel_side.program(fh, FLOWS_FD, DEPTH_FD)
+        insns = [struct.unpack_from("=BBhi", code, k) for k in range(0, len(code), 8)]
+        assert insns[-1][0] == kernel_side.EXIT
+        for k, (op, _regs, off, _imm) in enumerate(insns):
+            if op & 0x07 == 0x05 and op not in (kernel_side.CALL, kernel_side.EXIT):
+                assert 0 <= k + 1 + off < len(insns), (mode, k, off)
+
+
+def test_link_imbalance_is_max_over_mean_per_leaf_and_direction():
+    from labctl.telemetry.fabricports import link_imbalance
+    uplinks = {"leaf1": {"spine1": {"up": 3_000_000, "down": 1_000_000}, "spine2": {"up": 1_000_000, "down": 1_000_000}},
+               "leaf2": {"spine1": {"up": 0, "down": 0}, "spine2": {"up": 0, "down": 500}}}
+    got = link_imbalance(uplinks)
+    assert got["worst"] == 1.5 and got["per_leaf"] == {"leaf1 up": 1.5, "leaf1 down": 1.0}
+    assert link_imbalance({"leaf1": {"a": {"up": 0, "down": 0}, "b": {"up": 0, "down": 0}}}, floor=0)["worst"] == 1.0
+
+
+def test_a_collision_is_two_ring_hops_out_of_one_switch_port():
+    from labctl.experiment.metrics import ring_collisions
+    from labctl.traffic.placement import collision_note
+    hops = [{"from": "a", "to": "b", "sport": 1, "spine": "spine1", "links": ["leaf1:spine1", "spine1:leaf2"]},
+            {"from": "c", "to": "d", "sport": 1, "spine": "spine1", "links": ["leaf3:spine1", "spine1:leaf4"]},
+            {"from": "e", "to": "f", "sport": 1, "spine": "spine2", "links": ["leaf1:spine2", "spine2:leaf4"]}]
+    assert collision_note(hops) is None and ring_collisions({"hops": hops}) == 0    # one spine, no shared link
+    hops[2]["links"] = ["leaf1:spine1", "spine1:leaf4"]
+    note = collision_note(hops)
+    assert "a -> b and e -> f on leaf1:spine1" in note and "c -> d and e -> f on spine1:leaf4" in note
+    assert "about 2x its bound" in note
+    assert ring_collisions({"hops": hops}) == 3
+
+
+def _model_paths(plan, mode: str, qps: int) -> list[dict]:
+    """fabric_paths as `labctl route` would trace them, from the model alone: the ring's pairs,
+    each QP's destination QP hashed where the leaves run ecmp-qp, a fixed source port."""
+    import dataclasses
+    from labctl.traffic.pool import gpu_ranks, path_ports
+    from labctl.traffic.sender import qpn
+    ranks = gpu_ranks(plan)
+    order = list(ranks)
+    out = []
+    for i, r in enumerate(order):
+        p = order[(i + 1) % len(order)]
+        ia, ib = path_ports(plan, ranks[r], ranks[p])
+        leaf = plan.node(ia.peer_node)
+        fh = dataclasses.replace(leaf.flow_hash, mode=mode)
+        for k in range(qps):
+            h = hash32(fh, addr(ia.address.split("/")[0]), addr(ib.address.split("/")[0]), 17, 0xC000, 4791,
+                       qp=qpn(p, r, k))
+            up = fh.group[select(h, fh.weights, [True] * len(fh.weights))]
+            out.append({"src": r, "dst": p, "qp": k, "sport": 0xC000, "spine": leaf.iface(up).peer_node})
+    return out
+
+
+def test_the_hash_predicts_the_experiments_link_imbalance():
+    """experiments/load-balancing.yml's lab and ring: the imbalance the hash itself predicts for
+    ECMP (2.0: both hops of a leaf on one link), ecmp-qp with one QP (1.0: a lucky draw) and four
+    (1.5: eight flows per leaf over two uplinks), which the ports' counters measured."""
+    from labctl.experiment.metrics import predicted_imbalance
+    from labctl.plan.compile import compile_plan
+    from labctl.topology.load import load_topology
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    plan = compile_plan(load_topology(root / "topologies" / "leaf-spine.yml", ["scale_up=false", "lb=ecmp"], "t"))
+    assert plan.node("leaf1").flow_hash.mode == "ecmp" and plan.node("leaf1").flow_hash.group == ["spine1", "spine2"]
+    assert predicted_imbalance(plan, {"fabric_paths": _model_paths(plan, "ecmp", 1)}) == 2.0
+    assert predicted_imbalance(plan, {"fabric_paths": _model_paths(plan, "ecmp-qp", 1)}) == 1.0
+    assert predicted_imbalance(plan, {"fabric_paths": _model_paths(plan, "ecmp-qp", 4)}) == 1.5
+
+
+def test_a_run_reports_its_reordering_naks_and_resent_bytes():
+    from labctl.traffic.report import reordering, reordering_line
+    counters = {"0": {"rx": [{"packets": 900, "reordered": 90, "early": 0, "dropped": 40, "naks_sent": 7}],
+                      "tx": [{"retransmitted": 50, "retransmitted_bytes": 210_000}]},
+                "1": {"rx": [{"packets": 100, "reordered": 10, "early": 0, "dropped": 0, "naks_sent": 0}], "tx": []}}
+    r = reordering(counters, {"reliable": True, "ooo": "drop"})
+    assert (r["reordered_share"], r["naks"], r["retransmitted_bytes"], r["receivers"]) == (0.1, 7, 210_000, "drop")
+    assert reordering_line(r) == ("# reordering: 10.00% of 1,000 data packets arrived after a later one (100); "
+                                  "go-back-N receivers (ooo: drop): 7 NAKs, 50 packets (210,000 bytes) resent")
+    assert reordering(counters, {"reliable": False})["receivers"] == "unreliable"
