@@ -264,6 +264,25 @@ def test_the_hash_predicts_the_experiments_link_imbalance():
     assert predicted_imbalance(plan, {"fabric_paths": _model_paths(plan, "ecmp-qp", 4)}) == 1.5
 
 
+def test_no_imbalance_is_predicted_where_a_path_leaves_its_leaf_spine():
+    """Across two zones (wan-distance's lab) a pair's traced spine can be the far zone's: the
+    leaf-spine model does not hold there, and the prediction says so with 0 instead of failing."""
+    from labctl.experiment.metrics import predicted_imbalance
+    from labctl.plan.compile import compile_plan
+    from labctl.topology.load import load_topology
+    from labctl.traffic.pool import gpu_ranks, path_ports
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    plan = compile_plan(load_topology(root / "topologies" / "scale-across.yml", [], "t"))
+    ranks = gpu_ranks(plan)
+    first, last = list(ranks)[0], list(ranks)[-1]
+    ia, _ = path_ports(plan, ranks[first], ranks[last])
+    near = {i.peer_node for i in plan.node(ia.peer_node).interfaces}
+    far = next(n.name for n in plan.nodes if n.forwarding and n.name not in near and n.name != ia.peer_node)
+    paths = [{"src": first, "dst": last, "qp": 0, "sport": 0xC000, "spine": far}]
+    assert predicted_imbalance(plan, {"fabric_paths": paths}) == 0.0
+
+
 def test_a_run_reports_its_reordering_naks_and_resent_bytes():
     from labctl.traffic.report import reordering, reordering_line
     counters = {"0": {"rx": [{"packets": 900, "reordered": 90, "early": 0, "dropped": 40, "naks_sent": 7}],

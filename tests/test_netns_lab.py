@@ -189,7 +189,7 @@ def test_existing_namespace_is_never_taken_over(state_dir, lab_name):
     squatter = f"{lab_name}-leaf1"
     subprocess.run(["ip", "netns", "add", squatter], check=True)
     try:
-        with pytest.raises(LabError, match="already exists"):
+        with pytest.raises(LabError, match="it exists already, and no lab labctl knows of made it"):
             labmod.up(str(LEAF_SPINE), name=lab_name)
         assert lab_namespaces(lab_name + "-") == [squatter]
     finally:

@@ -3,12 +3,15 @@ reading the answers; and the same commands non-interactively with -c."""
 from __future__ import annotations
 
 import os
+import pwd
 import pty
 import re
 import select
 import subprocess
 import sys
 import time
+
+from pathlib import Path
 
 import pytest
 
@@ -72,6 +75,22 @@ PROMPT = r"labctl> "
 def test_the_prompt_answers_what_is_typed(state_dir, lab_name, tmp_path):
     require_root()
     env = {**os.environ, "HOME": str(tmp_path), "LABCTL_STATE_DIR": str(state_dir), "TERM": "xterm"}
+    # the history is root's own ~/.labctl_history (from the password database, never $HOME, which
+    # sudo -E keeps): the test moves a real one aside and puts it back
+    history = Path(pwd.getpwuid(os.geteuid()).pw_dir) / ".labctl_history"
+    kept = history.with_name(f".labctl_history.kept-by-{lab_name}")
+    if history.exists():
+        history.rename(kept)
+    try:
+        _answers(env, lab_name, history)
+        assert not (tmp_path / ".labctl_history").exists()      # $HOME (sudo -E's) is not where it goes
+    finally:
+        history.unlink(missing_ok=True)
+        if kept.exists():
+            kept.rename(history)
+
+
+def _answers(env: dict, lab_name: str, history: Path) -> None:
     with Lab(lab_of(lab_name)) as lab:
         beta = lab.plan.node("beta").interfaces[0].address.split("/")[0]
         term = Terminal([sys.executable, "-m", "labctl", "cli", lab_name], env)
@@ -104,8 +123,7 @@ def test_the_prompt_answers_what_is_typed(state_dir, lab_name, tmp_path):
         finally:
             if term.proc.poll() is None:
                 term.proc.kill()
-        history = (tmp_path / ".labctl_history").read_text()
-        assert "pingall" in history and oct((tmp_path / ".labctl_history").stat().st_mode & 0o777) == "0o600"
+        assert "pingall" in history.read_text() and oct(history.stat().st_mode & 0o777) == "0o600"
     assert lab_namespaces(lab_name + "-") == []
 
 

@@ -57,7 +57,8 @@ def predicted_imbalance(plan: LabPlan, doc: dict) -> float:
     """link_imbalance as the hash predicts it: the spine of every pair's QPs as `labctl route`
     traces them (results.json's fabric_paths), each pair's bytes shared equally by its QPs and
     taken as equal across pairs, as in a ring. 0 where the run has no such trace (a mode whose
-    path is per packet, more QPs than traced)."""
+    path is per packet, more QPs than traced), or where a path's spine is not an uplink of both its
+    leaves (more than two tiers, or zones joined by a WAN): the model is of one leaf-spine."""
     from labctl.traffic.placement import paths_fixed
     from labctl.traffic.pool import gpu_ranks, path_ports
     paths = doc.get("fabric_paths") or []
@@ -76,7 +77,9 @@ def predicted_imbalance(plan: LabPlan, doc: dict) -> float:
             ups = [i for i in plan.node(leaf).interfaces if plan.node(i.peer_node).forwarding]
             for i in ups:
                 ports.setdefault(i.name, {"up": 0.0, "down": 0.0})
-            port = next(i.name for i in ups if i.peer_node == p["spine"])
+            port = next((i.name for i in ups if i.peer_node == p["spine"]), None)
+            if port is None:
+                return 0.0
             ports[port][way] += share
     return link_imbalance(load, floor=0)["worst"]
 
