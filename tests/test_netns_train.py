@@ -53,6 +53,9 @@ def run(two_zones, tmp_path, workload: str, **edits) -> tuple[dict, int]:
     r = doc["results"][0]
     assert r["wrong"] == 0 and not r["timed_out"], r["label"]
     assert doc["loss_ledger"]["total"] == 0 and doc["loss_ledger"]["lossless_drops"] == 0, doc["loss_ledger"]
+    # every fabric's links, counted on the ports, carried the schedule's wire bytes within 2%
+    # (a fabric the step should not touch: under 1% of the run's bytes)
+    assert all(f["agrees"] for f in doc["fabric_bytes_check"].values()), doc["fabric_bytes_check"]
     return doc, crossed
 
 
