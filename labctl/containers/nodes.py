@@ -25,8 +25,8 @@ from __future__ import annotations
 import os
 import shutil
 
-from labctl.containers import engine
 from labctl.capabilities import CAPABILITIES, held, lacking  # noqa: F401 (CAPABILITIES: tests)
+from labctl.containers import engine
 from labctl.errors import LabError
 from labctl.plan.model import Node
 from labctl.state import LabDir
