@@ -159,3 +159,20 @@ def test_node_files_are_refused_without_an_image_and_outside_the_tree(tmp_path):
                  "  b: {kind: host}\nlinks: [{endpoints: [a, b]}]\n")
     with pytest.raises(InputError, match="not a path inside the template tree"):
         plan_of(f)
+
+
+def test_cap_add_becomes_cap_add_a_powerful_line_and_network_mode_is_refused_with_why(tmp_path):
+    from labctl.plan import trust
+    f = tmp_path / "caps.clab.yml"
+    f.write_text("name: caps\ntopology:\n  kinds:\n    linux: {cap-add: [NET_ADMIN]}\n  nodes:\n"
+                 "    a: {kind: linux, image: alpine, cap-add: [SYS_PTRACE]}\n    b: {kind: linux}\n"
+                 "  links:\n    - endpoints: [a:eth1, b:eth1]\n")
+    loaded = load_topology(f)
+    assert loaded.topology.nodes["a"].cap_add == ["NET_ADMIN", "SYS_PTRACE"]
+    assert loaded.topology.nodes["b"].cap_add == [], "an image-less node is a namespace: cap-add is noted, not kept"
+    assert [(p.what, p.text) for p in trust.powerful(loaded) if p.what == "capability"] == \
+        [("capability", "NET_ADMIN"), ("capability", "SYS_PTRACE")]
+    f.write_text("name: h\ntopology:\n  nodes:\n    a: {kind: linux, image: alpine, network-mode: host}\n")
+    with pytest.raises(InputError) as exc:
+        load_topology(f)
+    assert f"{f}:4" in str(exc.value) and "a node in the host's" in str(exc.value), str(exc.value)

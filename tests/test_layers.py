@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1] / "labctl"
 
 # lowest first; a name is a top-level module or package of labctl
 LAYERS = [
-    {"errors", "units", "paths", "names", "kinds", "procs", "wakeup"},
+    {"errors", "units", "paths", "names", "kinds", "procs", "wakeup", "capabilities"},
     {"topology"},
     {"plan"},
     {"state", "helpers"},

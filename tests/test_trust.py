@@ -10,7 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from labctl.cli import cli
-from labctl.errors import InputError
+from labctl.errors import InputError, LabError
+from labctl.plan.compile import compile_plan
 from labctl.plan import trust
 from labctl.topology.load import load_topology
 
@@ -79,12 +80,103 @@ def test_a_lab_without_powerful_lines_needs_no_trust(tmp_path):
     assert trust.require(load_topology(f), trusted_by_flag=False) == []
 
 
-def test_privileged_capabilities_and_host_network_cannot_be_written(tmp_path):
-    for key in ("privileged: true", "cap_add: [SYS_ADMIN]", "network_mode: host"):
-        f = lab(tmp_path, f"name: q\nnodes:\n  a: {{kind: host, image: labctl/host, {key}}}\n  b: {{kind: host}}\n"
-                          "links:\n  - endpoints: [a, b]\n")
-        with pytest.raises(InputError, match="unknown key"):
-            load_topology(f)
+PRIV_LAB = """name: pv
+nodes:
+  a: {kind: host, image: labctl/host, privileged: true}
+  b:
+    kind: host
+    image: labctl/host
+    cap_add: [SYS_PTRACE, NET_RAW]
+  c: {kind: host, image: labctl/host}
+links:
+  - endpoints: [a, b]
+  - endpoints: [b, c]
+"""
+
+
+def test_privileged_and_each_added_capability_are_powerful_lines_with_their_place(tmp_path):
+    lines = trust.powerful(load_topology(lab(tmp_path, PRIV_LAB)))
+    assert [(p.what, p.text) for p in lines] == [("privileged", "true"), ("capability", "SYS_PTRACE"),
+                                                 ("capability", "NET_RAW")]
+    assert lines[0].where.endswith("lab.yml:3: nodes.a.privileged"), lines[0].where
+    assert lines[1].where.endswith("lab.yml:7: nodes.b.cap_add[0]"), lines[1].where
+    assert "root in it is root on this machine" in lines[0].why
+
+
+def test_an_untrusted_privileged_lab_is_refused_listing_each_line_and_trust_lets_it_through(tmp_path):
+    loaded = load_topology(lab(tmp_path, PRIV_LAB, mode=0o666))
+    with pytest.raises(InputError) as exc:
+        trust.require(loaded, trusted_by_flag=False)
+    msg = str(exc.value)
+    for text in ("nodes.a.privileged: privileged: true", "nodes.b.cap_add[0]: capability: SYS_PTRACE",
+                 "nodes.b.cap_add[1]: capability: NET_RAW", "chmod go-w", "--trust"):
+        assert text in msg, text
+    assert len(trust.require(loaded, trusted_by_flag=True)) == 3
+
+
+def test_the_plan_carries_privileged_and_cap_add_only_for_the_nodes_that_ask(tmp_path):
+    plan = compile_plan(load_topology(lab(tmp_path, PRIV_LAB)))
+    got = {n.name: (n.container.privileged, n.container.cap_add) for n in plan.nodes}
+    assert got == {"a": (True, []), "b": (False, ["SYS_PTRACE", "NET_RAW"]), "c": (False, [])}
+
+
+@pytest.mark.parametrize("key, message", [
+    ("privileged: true", "has privileged: but no image:"),
+    ("cap_add: [NET_RAW]", "has cap_add: but no image:"),
+])
+def test_privileged_and_cap_add_need_an_image(tmp_path, key, message):
+    f = lab(tmp_path, f"name: q\nnodes:\n  a: {{kind: host, {key}}}\n  b: {{kind: host}}\nlinks:\n  - endpoints: [a, b]\n")
+    with pytest.raises(InputError, match=message) as exc:
+        compile_plan(load_topology(f))
+    assert exc.value.where.line == 3
+
+
+@pytest.mark.parametrize("caps, message", [
+    ("[NET_SNIFF]", "not a capability labctl knows"), ("[net_raw]", "write NET_RAW"),
+    ("[CAP_NET_RAW]", "write NET_RAW"), ("[ALL]", "privileged: true"), ("NET_RAW", "valid list"),
+])
+def test_capability_names_are_checked(tmp_path, caps, message):
+    f = lab(tmp_path, f"name: q\nnodes:\n  a: {{kind: host, image: labctl/host, cap_add: {caps}}}\n"
+                      "  b: {kind: host}\nlinks:\n  - endpoints: [a, b]\n")
+    with pytest.raises(InputError, match=message):
+        load_topology(f)
+
+
+def test_host_network_cannot_be_written(tmp_path):
+    f = lab(tmp_path, "name: q\nnodes:\n  a: {kind: host, image: labctl/host, network_mode: host}\n"
+                      "  b: {kind: host}\nlinks:\n  - endpoints: [a, b]\n")
+    with pytest.raises(InputError, match="unknown key"):
+        load_topology(f)
+
+
+def test_the_containers_settings_follow_the_plan(monkeypatch):
+    """What start() hands Docker, read from the SDK's own host-config builder (no engine needed):
+    privileged only where asked, the extra capabilities on top of the node set, no_new_privs on the
+    rest."""
+    from labctl.containers import nodes
+    held = list(nodes.CAPABILITIES)
+    monkeypatch.setattr(nodes, "held", lambda: held)
+    assert nodes.node_capabilities("labctl/host", ["SYS_PTRACE", "NET_RAW"]) == \
+        list(nodes.NODE_CAPABILITIES) + ["SYS_PTRACE"]
+    assert "SYS_PTRACE" not in nodes.node_capabilities("labctl/host")
+    import docker
+    from labctl.plan.model import Container, Node
+    api = docker.APIClient(base_url="unix:///nonexistent.sock", version="1.41")    # builds, never connects
+    asked = nodes.host_config(api, Container("n", "labctl/host", None, {}, [], privileged=True), [])
+    assert asked["Privileged"] is True and "CapAdd" not in asked and "SecurityOpt" not in asked, asked
+    plain = nodes.host_config(api, Container("n", "labctl/host", None, {}, [], cap_add=["SYS_PTRACE"]), [])
+    assert not plain.get("Privileged") and plain["CapDrop"] == ["ALL"] and plain["SecurityOpt"] == ["no-new-privileges"]
+    assert plain["CapAdd"] == list(nodes.NODE_CAPABILITIES) + ["SYS_PTRACE"]
+    assert "SYS_PTRACE" not in nodes.host_config(api, Container("n", "labctl/host", None, {}, []), [])["CapAdd"]
+    held = [c for c in held if c != "SYS_PTRACE"]
+    node = Node("b", "host", "x-b", 0, False, None, None, None, None, {},
+                container=Container("labctl-x-b", "labctl/host", None, {}, [], cap_add=["SYS_PTRACE"]))
+    with pytest.raises(LabError, match="SYS_PTRACE, which labctl's root here does not hold"):
+        nodes.can_grant(node)
+    node.container = Container("labctl-x-b", "labctl/host", None, {}, [], privileged=True)
+    monkeypatch.setattr(nodes, "lacking", lambda: ["SYS_RESOURCE"])
+    with pytest.raises(LabError, match="lacks SYS_RESOURCE"):
+        nodes.can_grant(node)
 
 
 def test_plan_lists_the_powerful_lines_and_whether_up_trusts_them(tmp_path):
@@ -118,3 +210,15 @@ def test_plan_json_is_replaced_whole(tmp_path):
     assert json.loads(d.plan_file.read_text()) == {"lab": "x", "nodes": []}
     assert os.stat(d.plan_file).st_ino != before, "a new file renamed over the old, not the old rewritten"
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_plan_lists_privileged_and_added_capabilities(tmp_path):
+    import json
+    r = CliRunner().invoke(cli, ["plan", str(lab(tmp_path, PRIV_LAB, mode=0o666)), "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert [(p["what"], p["text"]) for p in doc["powerful"]] == [("privileged", "true"), ("capability", "SYS_PTRACE"),
+                                                                 ("capability", "NET_RAW")]
+    assert {n["name"]: n["container"]["privileged"] for n in doc["nodes"]} == {"a": True, "b": False, "c": False}
+    r = CliRunner().invoke(cli, ["plan", str(tmp_path / "lab.yml")], env={"COLUMNS": "200"})
+    assert "privileged" in r.output and "SYS_PTRACE" in r.output and "NOT TRUSTED" in r.output, r.output

@@ -38,6 +38,9 @@ class NetnsBackend(Backend):
     def _apply(self, plan: LabPlan, lab: LabDir, progress: Progress) -> None:
         procs.raise_fd_limit(3 * len(plan.nodes) + 6 * len(wires.wired(plan)) + 64)
         refuse_taken_namespaces(plan)
+        for node in plan.nodes:       # a privileged node on a machine whose root lacks a capability: refused here
+            if node.container:
+                container_nodes.can_grant(node)
         handles: dict[str, _NsHandles] = {}
         docker_client = None
         try:

@@ -20,7 +20,8 @@ from labctl.cli.base import SET_HELP, TEMPLATES_HELP, TOPO_HELP, clab_map_option
               help="what builds the nodes: " + ", ".join(backends.names()))
 @click.option("--no-build", is_flag=True, help="fail, with the command to run, instead of building a missing "
               "labctl/* image (up builds one on first use, which takes minutes)")
-@click.option("--trust", is_flag=True, help="run the lab's powerful lines (exec on the host, binds, foreign images) "
+@click.option("--trust", is_flag=True, help="run the lab's powerful lines (exec on the host, binds, foreign images, "
+              "privileged containers, added capabilities) "
               "although its files are not root's alone; read them first in `labctl plan`")
 @clab_map_options
 def up(file, sets, name, template_dirs, topo, backend, no_build, trust, kind_map, image_map):
@@ -31,7 +32,7 @@ def up(file, sets, name, template_dirs, topo, backend, no_build, trust, kind_map
     removed again.
 
     A lab file is code run as root. If it has powerful lines (exec on the host, binds, images
-    labctl did not build), up runs it only when the file, its directory and its templates are
+    labctl did not build, privileged: and cap_add: on containers), up runs it only when the file, its directory and its templates are
     root's and writable by no one else, or with --trust. `labctl plan FILE` lists those lines.
 
     \b

@@ -42,7 +42,8 @@ def plan(file, sets, name, template_dirs, topo, as_json, kind_map, image_map):
     """Compile a lab into its concrete plan without building it (no root needed).
 
     Shows every namespace, port, address and route, and the lab's powerful lines (exec on the
-    host, binds, images labctl did not build) with whether `up` trusts them; --json prints
+    host, binds, images labctl did not build, privileged containers, added capabilities) with
+    whether `up` trusts them; --json prints
     everything, including MACs, ifindexes, sysctls and per-port shaping.
 
     \b

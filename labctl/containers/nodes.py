@@ -5,8 +5,14 @@ host needs: Docker's default capabilities plus NET_ADMIN (routing daemons config
 netns: addresses, routes, socket buffers; an FRR image also SYS_ADMIN, without which zebra
 exits), Docker's default seccomp and AppArmor profiles, and of
 /proc/sys only the network namespace's own part writable (net.*: ip_forward and the like belong
-to the node; kernel.*, vm.*, fs.* belong to the host and stay read-only). A capability this
-process does not hold is never asked for (runc refuses one missing from the bounding set). It is
+to the node; kernel.*, vm.*, fs.* belong to the host and stay read-only), and no_new_privs (a
+setuid binary in the image raises nothing). A default capability this process does not hold is
+never asked for (runc refuses one missing from the bounding set).
+
+A lab file may ask for more, as powerful lines (plan/trust.py): `cap_add:` capabilities on top of
+that set, or `privileged: true`, Docker's privileged mode (every capability and device, no
+seccomp, AppArmor or read-only paths). Only a node that asks gets either; one this process cannot
+grant (privileged where root lacks any capability) is refused before anything is made. It is
 labelled with its lab and node. Its network namespace is then exposed as the named netns `<lab>-<node>` (a bind mount of
 /proc/PID/ns/net, what `ip netns attach` makes, done by the backend), so the backend creates its veths in it, and the
 controller, agents, captures and `ip netns exec` find it where they find every node.
@@ -19,6 +25,7 @@ from __future__ import annotations
 import os
 import shutil
 
+from labctl.capabilities import CAPABILITIES, held, lacking  # noqa: F401 (CAPABILITIES: tests)
 from labctl.containers import engine
 from labctl.errors import LabError
 from labctl.plan.model import Node
@@ -37,14 +44,10 @@ SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 READONLY_PATHS = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sysrq-trigger", "/proc/sys/kernel", "/proc/sys/vm",
                   "/proc/sys/fs", "/proc/sys/dev", "/proc/sys/user", "/proc/sys/debug", "/proc/sys/abi",
                   "/proc/sys/crypto"]
-# capability(7) numbers 0..37, in order; PERFMON, BPF and CHECKPOINT_RESTORE (38..40) are left
-# out: Docker 20.10 refuses names it does not know
-CAPABILITIES = (
-    "CHOWN", "DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID", "SETPCAP",
-    "LINUX_IMMUTABLE", "NET_BIND_SERVICE", "NET_BROADCAST", "NET_ADMIN", "NET_RAW", "IPC_LOCK", "IPC_OWNER",
-    "SYS_MODULE", "SYS_RAWIO", "SYS_CHROOT", "SYS_PTRACE", "SYS_PACCT", "SYS_ADMIN", "SYS_BOOT", "SYS_NICE",
-    "SYS_RESOURCE", "SYS_TIME", "SYS_TTY_CONFIG", "MKNOD", "LEASE", "AUDIT_WRITE", "AUDIT_CONTROL", "SETFCAP",
-    "MAC_OVERRIDE", "MAC_ADMIN", "SYSLOG", "WAKE_ALARM", "BLOCK_SUSPEND", "AUDIT_READ")
+# a container that is not privileged runs with no_new_privs: a setuid binary or file capability in
+# its image cannot raise a process above what the container holds (FRR and the host image's tools
+# need no such raise: tests/test_netns_trust.py runs both with it)
+NO_NEW_PRIVILEGES = "no-new-privileges"
 
 
 def start(client, node: Node, lab: LabDir) -> int:
@@ -57,12 +60,11 @@ def start(client, node: Node, lab: LabDir) -> int:
         raise LabError(f"node {node.name}: image {c.image!r} is not in the Docker engine, and no registry is used",
                        "build one (`labctl image build host`, `labctl image build frr`), "
                        "or `docker pull` / `docker load` it first") from None
+    can_grant(node)
     binds = c.binds + _written_files(lab, node)
     lab.journal("container", c.name)
     api = client.api
-    host = api.create_host_config(network_mode="none", cap_drop=["ALL"], cap_add=node_capabilities(c.image),
-                                  binds=binds or None)
-    host["ReadonlyPaths"] = READONLY_PATHS
+    host = host_config(api, c, binds)
     try:
         made = api.create_container(c.image, command=c.cmd, name=c.name, hostname=node.name, environment=c.env,
                                     labels={LAB_LABEL: lab.name, NODE_LABEL: node.name}, host_config=host)
@@ -79,6 +81,18 @@ def start(client, node: Node, lab: LabDir) -> int:
                        f"(status {ctr.attrs['State']['ExitCode']}): {logs[-300:] or 'no output'}",
                        "give it a command that keeps running, e.g. `cmd: sleep infinity`")
     return pid
+
+
+def host_config(api, c, binds: list[str]) -> dict:
+    """Docker's HostConfig for the container: privileged only if the lab asked, else the node set
+    of capabilities plus its cap_add, no_new_privs and the read-only /proc paths."""
+    if c.privileged:
+        # Docker decides the rest: every capability, device and /proc path, no seccomp or AppArmor
+        return api.create_host_config(network_mode="none", privileged=True, binds=binds or None)
+    host = api.create_host_config(network_mode="none", cap_drop=["ALL"], cap_add=node_capabilities(c.image, c.cap_add),
+                                  binds=binds or None, security_opt=[NO_NEW_PRIVILEGES])
+    host["ReadonlyPaths"] = READONLY_PATHS
+    return host
 
 
 def _written_files(lab: LabDir, node: Node) -> list[str]:
@@ -99,9 +113,24 @@ def _written_files(lab: LabDir, node: Node) -> list[str]:
 
 def capabilities() -> list[str]:
     """The capabilities in this process's bounding set, by name (what a container may be given)."""
-    with open("/proc/self/status") as f:
-        mask = int(next(line.split()[1] for line in f if line.startswith("CapBnd:")), 16)
-    return [name for bit, name in enumerate(CAPABILITIES) if mask >> bit & 1]
+    return held()
+
+
+def can_grant(node: Node) -> None:
+    """Refuse, before anything is made, a container this process cannot give what the lab asked:
+    runc fails a capability missing from its creator's bounding set, and a privileged container
+    asks for every one. Never silently less than the lab file says."""
+    c = node.container
+    if c.privileged and lacking():
+        raise LabError(f"node {node.name}: a privileged container needs every capability, and labctl's root here "
+                       f"lacks {', '.join(lacking())} (runc would fail it: unable to apply caps)",
+                       "run the lab where root holds every capability (not in a restricted container or VM "
+                       "sandbox), or give the node only what it needs with cap_add: [...]")
+    missing = [cap for cap in c.cap_add if cap not in held()]
+    if missing:
+        raise LabError(f"node {node.name}: cap_add asks for {', '.join(missing)}, which labctl's root here does not "
+                       "hold (runc cannot give a container a capability its creator lacks)",
+                       "remove it from cap_add:, or run the lab where root holds it")
 
 
 def enter_argv(client, name: str, argv: list[str]) -> list[str]:
@@ -118,18 +147,24 @@ def enter_argv(client, name: str, argv: list[str]) -> list[str]:
         raise LabError(f"container {name} is not running", "`labctl status` shows the lab; `labctl down` and up again")
     if not any(os.path.exists(f"/proc/{pid}/root{p}") for p in SETPRIV):
         return [shutil.which("docker") or "/usr/bin/docker", "-H", f"unix://{engine.SOCKET}", "exec", name, *argv]
-    caps = ",".join(["-all", *(f"+{c.lower()}" for c in node_capabilities(ctr.attrs["Config"]["Image"]))])
+    hc = ctr.attrs.get("HostConfig") or {}
+    granted = held() if hc.get("Privileged") else node_capabilities(
+        ctr.attrs["Config"]["Image"], [c.upper().removeprefix("CAP_") for c in hc.get("CapAdd") or []])
+    caps = ",".join(["-all", *(f"+{c.lower()}" for c in granted)])
+    # as docker exec: a process entering a no_new_privs container gets the flag too
+    nnp = ["--no-new-privs"] if NO_NEW_PRIVILEGES in (hc.get("SecurityOpt") or []) else []
     return [ENV, "-i", *container_env(ctr.attrs), shutil.which("nsenter", path=SYSTEM_PATH) or "/usr/bin/nsenter",
             "-t", str(pid), "-m", "-u", "-i", "-n", "-p", "-r", "-w", "--",
-            "setpriv", "--bounding-set", caps, "--inh-caps", "-all", "--", *argv]
+            "setpriv", "--bounding-set", caps, "--inh-caps", "-all", *nnp, "--", *argv]
 
 
-def node_capabilities(image: str) -> list[str]:
-    """What a container node holds: NODE_CAPABILITIES (and SYS_ADMIN for FRR, whose zebra will not
-    start without it: it asks for net_admin, net_raw and sys_admin), less any this process lacks."""
-    held = set(capabilities())
-    wanted = NODE_CAPABILITIES + (FRR_EXTRA if _is_frr(image) else ())
-    return [c for c in wanted if c in held]
+def node_capabilities(image: str, extra: list[str] = ()) -> list[str]:
+    """What a container node that is not privileged holds: NODE_CAPABILITIES (and SYS_ADMIN for
+    FRR, whose zebra will not start without it: it asks for net_admin, net_raw and sys_admin), and
+    the lab's cap_add (`extra`), less any this process lacks."""
+    have = set(held())
+    wanted = dict.fromkeys(NODE_CAPABILITIES + (FRR_EXTRA if _is_frr(image) else ()) + tuple(extra))
+    return [c for c in wanted if c in have]
 
 
 def _is_frr(image: str) -> bool:

@@ -75,6 +75,8 @@ class Container:
     env: dict[str, str]
     binds: list[str]     # host:container[:ro], host paths absolute
     files: list[dict] = field(default_factory=list)   # {path, text}: written to the lab directory, bound read-only
+    privileged: bool = False    # Docker's privileged mode (a powerful line, plan/trust.py)
+    cap_add: list[str] = field(default_factory=list)   # capabilities beyond containers/nodes.py's set
 
 
 @dataclass

@@ -48,17 +48,20 @@ def exec_lines(name: str, node: NodeSpec, smap: SourceMap) -> list[list[str]]:
 
 def container(lab: str, name: str, node: NodeSpec, lab_file: Path, smap: SourceMap) -> model.Container | None:
     if node.image is None:
-        for key in ("cmd", "env", "binds", "files"):
+        for key in ("cmd", "env", "binds", "files", "privileged", "cap_add"):
             if getattr(node, key):
                 raise InputError(smap.where(("nodes", name, key)), f"node {name!r} has {key}: but no image:",
                                  f"{key}: configures a container: add `image:` (e.g. labctl/host, see "
-                                 "`labctl image list`), or remove it")
+                                 "`labctl image list`), or remove it"
+                                 + (" (a node without an image is a namespace of this machine's, whose "
+                                    "privileges are root's already)" if key in ("privileged", "cap_add") else ""))
         return None
     cmd = node.cmd
     if isinstance(cmd, str):
         cmd = argv(cmd, smap, ("nodes", name, "cmd"))
     binds = [_bind(text, lab_file, smap, ("nodes", name, "binds", i)) for i, text in enumerate(node.binds)]
-    return model.Container(container_name(lab, name), node.image, cmd, dict(node.env), binds)
+    return model.Container(container_name(lab, name), node.image, cmd, dict(node.env), binds,
+                           privileged=node.privileged, cap_add=list(dict.fromkeys(node.cap_add)))
 
 
 def files(b) -> None:

@@ -5,10 +5,16 @@ powerful lines:
 - an `exec:` line on a node without an image: it runs on this host, as root, in the node's netns
   (with the host's file system and processes in reach);
 - a `binds:` entry: a host path mounted into a container (read-write unless `:ro`);
-- an `image:` labctl did not build: someone else's code runs in a container labctl cables.
+- an `image:` labctl did not build: someone else's code runs in a container labctl cables;
+- `privileged: true` on a container node: Docker's privileged mode, every capability and device
+  and no seccomp or AppArmor, so root in the container is root on this machine;
+- each `cap_add:` entry: a capability added to the container's (containers/nodes.py gives every
+  node a fixed set; this is more).
 
-(Privileged containers, added capabilities and host-network nodes cannot be written in a lab
-file at all: the schema refuses those keys, and so does the containerlab importer.)
+Only a node with `image:` may say `privileged` or `cap_add` (an image-less node is a namespace of
+this machine's). Host-network nodes cannot be written at all: labctl cables each node's own
+netns, and a node in the host's would be the host (the containerlab importer refuses
+`network-mode: host` and `container:...` with that reason).
 
 A lab with powerful lines comes up only if it is trusted: the lab file, the directory holding it,
 and every file of the template tree it was rendered from are owned by root and writable by no one
@@ -59,6 +65,13 @@ def powerful(loaded) -> list[Powerful]:
                 mode = "read-only" if bind.endswith(":ro") else "read-write"
                 out.append(Powerful(str(smap.where(("nodes", name, "binds", i))), "bind", bind,
                                     f"mounts a host path into {name}, {mode}"))
+            if node.privileged:
+                out.append(Powerful(str(smap.where(("nodes", name, "privileged"))), "privileged", "true",
+                                    f"{name}'s container gets every capability and device, without seccomp or "
+                                    "AppArmor: root in it is root on this machine"))
+            for i, cap in enumerate(node.cap_add):
+                out.append(Powerful(str(smap.where(("nodes", name, "cap_add", i))), "capability", cap,
+                                    f"added to {name}'s container, beyond the set labctl gives a node"))
     return out
 
 

@@ -1,11 +1,14 @@
 """containerlab topology files (`*.clab.yml`), read as labctl labs.
 
 What is read, as containerlab documents it:
-- `name`; `topology.nodes` with `kind`, `image`, `cmd`, `env`, `binds`, `exec`, `group` and, on an
-  FRR node, `startup-config` (bound to /etc/frr/frr.conf);
+- `name`; `topology.nodes` with `kind`, `image`, `cmd`, `env`, `binds`, `exec`, `group`, `cap-add`
+  (labctl's `cap_add:`, a powerful line) and, on an FRR node, `startup-config` (bound to
+  /etc/frr/frr.conf);
 - `topology.defaults`, `topology.kinds.<kind>` and `topology.groups.<group>`, inherited in that
   order (the node wins, a group may set the kind): scalars are replaced, `env` is merged, `binds`
-  are added, `exec` is taken from the nearest level;
+  and `cap-add` are added, `exec` is taken from the nearest level;
+- `network-mode` (host, container:...) is refused: labctl cables every node's own netns, and a node
+  in the host's would be the host;
 - node names in upper case are lower-cased (labctl names namespaces after them), with a note;
 - `topology.links`, brief (`endpoints: ["a:eth1", "b:eth1"]`) or extended (`type: veth` with
   `{node, interface}` endpoints);
@@ -35,11 +38,11 @@ from labctl.names import split_endpoint
 from labctl.topology.clabmaps import ImportMaps
 from labctl.topology.yamlpos import SourceMap
 
-NODE_KEYS = ("kind", "image", "cmd", "env", "binds", "exec", "group", "startup-config")
+NODE_KEYS = ("kind", "image", "cmd", "env", "binds", "exec", "group", "startup-config", "cap-add")
 # what each key holds, as containerlab's schema has it: checked at every level before it is used
 KEY_TYPES = {"kind": (str,), "image": (str, type(None)), "cmd": (str, list), "env": (dict,), "binds": (list,),
-             "exec": (list,), "group": (str, int), "startup-config": (str,)}
-KEY_ITEMS = {"binds": str, "exec": str, "cmd": str}
+             "exec": (list,), "group": (str, int), "startup-config": (str,), "cap-add": (list,)}
+KEY_ITEMS = {"binds": str, "exec": str, "cmd": str, "cap-add": str}
 FRR_IMAGE = "labctl/frr"
 FRR_START = "/usr/lib/frr/frrinit.sh start"
 # containerlab keys that mean nothing without its management network, licences or NOS images
@@ -157,6 +160,12 @@ def _node(name: str, spec: dict, kinds: dict, defaults: dict, groups: dict, smap
     ats = (("topology", "defaults"), ("topology", "kinds", kind), ("topology", "groups", group_name), where)
     for at, layer in zip(ats, level):
         for key in layer:
+            if key == "network-mode":
+                raise InputError(smap.where(at + (key,)), f"network-mode: {layer[key]!r:.60} is not something labctl "
+                                 "builds: labctl cables every node's own network namespace, and a node in the host's "
+                                 "(host) or another container's (container:...) would be that netns, the host's "
+                                 "own ports and routes in the lab", "remove network-mode: (the node gets its own "
+                                 "netns, cabled by the file's links); reach the host through a link instead")
             if key in IGNORED_NODE_KEYS:
                 notes.append(f"{'.'.join(map(str, at))}.{key}: ignored (containerlab only)")
             elif key not in NODE_KEYS and not mapped:
@@ -178,9 +187,11 @@ def _node(name: str, spec: dict, kinds: dict, defaults: dict, groups: dict, smap
         node["cmd"] = cmd
     env: dict = {}
     binds: list = []
+    caps: list = []
     for layer in level:
         env.update({str(k): str(v) for k, v in (layer.get("env") or {}).items()})
         binds += [b for b in (layer.get("binds") or []) if b not in binds]
+        caps += [c for c in (layer.get("cap-add") or []) if c not in caps]
     frr = node.get("image", "").split(":")[0] == FRR_IMAGE
     startup = _nearest(level, "startup-config")
     if startup is not None:
@@ -192,6 +203,10 @@ def _node(name: str, spec: dict, kinds: dict, defaults: dict, groups: dict, smap
         node["env"] = env
     if binds and image:
         node["binds"] = binds
+    if caps and image:
+        node["cap_add"] = caps       # powerful lines: listed by plan, run only for a trusted lab
+    elif caps:
+        notes.append(f"{name}: cap-add ignored (no image: the node is a plain namespace)")
     exec_lines = list(_nearest(level, "exec") or [])
     if frr and not any("frrinit" in str(x) or "watchfrr" in str(x) for x in exec_lines):
         exec_lines.append(FRR_START)

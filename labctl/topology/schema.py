@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from labctl import kinds
+from labctl.capabilities import CAPABILITIES
 from labctl.units import parse_duration_ns, parse_rate, parse_size
 
 NAME_PATTERN = r"^[a-z][a-z0-9_-]*$"
@@ -31,6 +32,21 @@ def _known_kind(name: str) -> str:
 
 
 NodeKindName = Annotated[str, AfterValidator(_known_kind)]
+
+
+def _capability(name: str) -> str:
+    """A capability(7) name as Docker writes it: NET_RAW, not CAP_NET_RAW or net_raw."""
+    if name in CAPABILITIES:
+        return name
+    bare = name.upper().removeprefix("CAP_")
+    if bare in CAPABILITIES:
+        raise ValueError(f"write {bare}, not {name!r} (upper case, without CAP_)")
+    if bare == "ALL":
+        raise ValueError("ALL is not a capability: write `privileged: true` if the node needs every one")
+    raise ValueError(f"{name!r} is not a capability labctl knows: one of {', '.join(CAPABILITIES)}")
+
+
+Capability = Annotated[str, AfterValidator(_capability)]
 
 
 class Strict(BaseModel):
@@ -167,6 +183,12 @@ class NodeSpec(Strict):
         default_factory=dict, description="environment variables of the container, NAME: value")
     binds: list[str] = Field(default_factory=list, description="host:container[:ro] bind mounts of the "
                                                                "container (host paths relative to the lab file)")
+    privileged: bool = Field(False, description="run the container privileged (Docker's --privileged: every "
+                                                "capability, every device, no seccomp or AppArmor): a powerful "
+                                                "line, so `up` needs a trusted lab or --trust")
+    cap_add: list[Capability] = Field(default_factory=list, max_length=len(CAPABILITIES),
+                                      description="capabilities added to the container's, e.g. [SYS_PTRACE]: "
+                                                  "powerful lines, so `up` needs a trusted lab or --trust")
     files: dict[Annotated[str, Field(pattern=r"^/[A-Za-z0-9._/-]+$", max_length=256)], str | NodeFile] = Field(
         default_factory=dict, description="files put into the container, read-only: /path: text, or "
                                           "/path: {template: ..., vars: {...}} rendered from the plan")
