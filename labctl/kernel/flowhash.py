@@ -114,6 +114,8 @@ def program(fh: FlowHash, flows_fd: int | None = None, depth_fd: int | None = No
     a.op(AND_K, R2, imm=0x0F)
     a.jump(JLT_K, R2, "out", imm=5)
     a.op(LSH_K, R2, imm=2)                      # IP header bytes, 20..60
+    if fh.te:
+        _te(a, fh)
     a.ld64(R9, initial(fh))
     for offset in (ETH + 12, ETH + 16):         # source, destination address
         a.op(LDX_W, R3, R7, offset)
@@ -177,6 +179,51 @@ def program(fh: FlowHash, flows_fd: int | None = None, depth_fd: int | None = No
     a.op(MOV_K, R0, imm=TC_ACT_UNSPEC)
     a.op(EXIT)
     return a.assemble()
+
+
+SKB_MARK = 8                # __sk_buff.mark, which a tc program may write
+
+
+def _te(a: Asm, fh: FlowHash):
+    """The first te: rule that matches sets the packet's mark (te_mark): R3 the DSCP, R5 the
+    protocol, R4 the destination port of an unfragmented TCP or UDP packet (else 0). R2, the IP
+    header's length, is kept for the hash after."""
+    a.op(LDX_B, R3, R7, ETH + 1)                # DSCP and ECN
+    a.op(RSH_K, R3, imm=2)
+    a.op(MOV_K, R4, imm=0)
+    if any(m.dport for m in fh.te):
+        a.op(LDX_B, R5, R7, ETH + 9)
+        a.jump(JEQ_K, R5, "te_ports", imm=6)
+        a.jump(JEQ_K, R5, "te_ports", imm=17)
+        a.jump(JA, 0, "te_rules")
+        a.label("te_ports")
+        a.op(LDX_H, R0, R7, ETH + 6)            # flags and fragment offset
+        a.op(BE, R0, imm=16)
+        a.op(AND_K, R0, imm=0x3FFF)
+        a.jump(JNE_K, R0, "te_rules", imm=0)
+        a.op(MOV_X, R1, R7)
+        a.op(ADD_X, R1, R2)
+        a.op(ADD_K, R1, imm=ETH)
+        a.op(MOV_X, R0, R1)
+        a.op(ADD_K, R0, imm=4)
+        a.jump(JGT_X, R0, "te_rules", src=R8)
+        a.op(LDX_H, R4, R1, 2)                  # destination port
+        a.op(BE, R4, imm=16)
+        a.label("te_rules")
+    for k, m in enumerate(fh.te):
+        miss, hit = f"te_miss{k}", f"te_hit{k}"
+        for d in m.dscp:
+            a.jump(JEQ_K, R3, miss if m.negate else hit, imm=d)
+        if not m.negate:
+            a.jump(JA, 0, miss)
+        a.label(hit)
+        if m.dport:
+            a.jump(JNE_K, R4, miss, imm=m.dport)
+        a.op(MOV_K, R0, imm=m.mark)              # under 2^31: no sign to extend
+        a.op(STX_W, R6, R0, SKB_MARK)
+        a.jump(JA, 0, "te_done")
+        a.label(miss)
+    a.label("te_done")
 
 
 def _new_flow(a: Asm, flows_fd: int, last_from: int | None, count: int):
@@ -341,13 +388,14 @@ def port_requests(index: int, fd: int, where: str) -> list[tuple[tuple[int, int,
 
 # --- where it sends a flow -----------------------------------------------------------------------
 def next_hop(sock: socket.socket, fh: FlowHash, dst: str, src: str, iif: int, proto: int,
-             sport: int | None, dport: int | None, h: int | None = None) -> dict:
+             sport: int | None, dport: int | None, h: int | None = None, mark: int = 0) -> dict:
     """The next hop a packet arriving on `iif` takes at a router hashing with `fh`: the route the
     kernel matches (`ip route get fibmatch`), and among its next hops the one the hash selects
     (`h`, else the 5-tuple's hash32). With several next hops, also what the choice was made from:
     `hash`, and `choices`, `weights`, `usable` in the route's order, `chosen`, and `select` (the
-    kernel's hash-threshold function for this route)."""
-    hops, group = rtnl.route_fib_match(sock, dst, src, iif)
+    kernel's hash-threshold function for this route). `mark`: the one a te: rule gave the packet
+    (its table's route is the one matched)."""
+    hops, group = rtnl.route_fib_match(sock, dst, src, iif, mark)
     if len(hops) == 1:
         return {k: hops[0][k] for k in ("oif", "gateway") if hops[0].get(k) is not None}
     ip = lambda a: int.from_bytes(socket.inet_aton(a), "big")   # noqa: E731

@@ -61,6 +61,11 @@ def configure(node: Node, nl: socket.socket, ioctl: socket.socket, extra: list =
     for route in node.routes:
         batch.add(rtnl.route_add(route.dst, [(h.via, index[h.dev], h.weight) for h in route.nexthops]),
                   f"{node.name}: route {route.dst}")
+    for rule in node.te:        # WAN traffic engineering (plan/te.py): the program marks, these route
+        batch.add(rtnl.rule_add(rule.pref, rule.mark, rule.table), f"{node.name}: te rule {rule.rule}")
+        for route in rule.routes:
+            batch.add(rtnl.route_add(route.dst, [(h.via, index[h.dev], h.weight) for h in route.nexthops],
+                                     rule.table), f"{node.name}: route {route.dst} in table {rule.table}")
     for request, what in extra:
         batch.add(request, what)
     try:
