@@ -12,6 +12,7 @@ import pytest
 
 from conftest import require_root
 from labctl import lifecycle as labmod
+from labctl import state
 from labctl.kernel import nsutil, rtnl
 from labctl.plan.flowhash import hash32, select
 
@@ -116,3 +117,22 @@ def test_route_names_the_rule_and_its_path(built_lab):
     assert outs == {"r2", "r2-2"}
     hops = labmod.trace_path(plan, "h1", "h2", 49152, 80, dscp=0)
     assert "why" not in next(h for h in hops if h["node"] == "r1")
+
+
+def test_a_cut_pinned_path_fails_over_and_comes_back(built_lab):
+    """With the short path cut, the pinned class takes the long one (its rule's table has no
+    route left, so main's decides) and the counters say so; restored, the rule pins it again."""
+    require_root()
+    plan = built_lab(LAB)
+    lab = state.lab_dir(plan.lab)
+    sent = FLOWS * PACKETS * PAYLOAD
+    labmod.set_link_state(lab, plan, plan.node("r1"), "r2", up=False)
+    r1 = next(h for h in labmod.trace_path(plan, "h1", "h2", 49152, 4791) if h["node"] == "r1")
+    assert r1["out"] == "r2-2" and "why" not in r1, r1
+    cut = phase(plan, 26, 4791, range(43000, 43000 + FLOWS))
+    assert cut["r2-2"] >= sent and cut["r2"] == 0, cut
+    labmod.set_link_state(lab, plan, plan.node("r1"), "r2", up=True)
+    r1 = next(h for h in labmod.trace_path(plan, "h1", "h2", 49152, 4791) if h["node"] == "r1")
+    assert r1["out"] == "r2" and "te rule 1" in r1["why"], r1
+    back = phase(plan, 26, 4791, range(44000, 44000 + FLOWS))
+    assert back["r2"] >= sent and back["r2-2"] < 0.01 * sent, back

@@ -128,14 +128,14 @@ def rule_add(pref: int, mark: int, table: int) -> tuple[int, int, bytes]:
     return RTM_NEWRULE, CREATE, body
 
 
-def route_replace(dst: str, nexthops: list[tuple[str, int]]) -> tuple[int, int, bytes]:
-    kind, _, body = route_add(dst, nexthops)
+def route_replace(dst: str, nexthops: list[tuple[str, int]], table: int = RT_TABLE_MAIN) -> tuple[int, int, bytes]:
+    kind, _, body = route_add(dst, nexthops, table)
     return kind, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE, body
 
 
-def route_del(dst: str) -> tuple[int, int, bytes]:
+def route_del(dst: str, table: int = RT_TABLE_MAIN) -> tuple[int, int, bytes]:
     net, _, plen = dst.partition("/")
-    body = struct.pack("BBBBBBBBI", socket.AF_INET, int(plen), 0, 0, RT_TABLE_MAIN, RTPROT_STATIC,
+    body = struct.pack("BBBBBBBBI", socket.AF_INET, int(plen), 0, 0, table, RTPROT_STATIC,
                        RT_SCOPE_UNIVERSE, RTN_UNICAST, 0) + attr(RTA_DST, ip4(net))
     return RTM_DELROUTE, CHANGE, body
 
