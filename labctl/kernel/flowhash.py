@@ -394,7 +394,7 @@ def next_hop(sock: socket.socket, fh: FlowHash, dst: str, src: str, iif: int, pr
     (`h`, else the 5-tuple's hash32). With several next hops, also what the choice was made from:
     `hash`, and `choices`, `weights`, `usable` in the route's order, `chosen`, and `select` (the
     kernel's hash-threshold function for this route). `mark`: the one a te: rule gave the packet
-    (its table's route is the one matched)."""
+    (its table's route is the one matched, if it has one)."""
     hops, group = rtnl.route_fib_match(sock, dst, src, iif, mark)
     if len(hops) == 1:
         return {k: hops[0][k] for k in ("oif", "gateway") if hops[0].get(k) is not None}

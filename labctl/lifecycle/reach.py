@@ -11,15 +11,9 @@ from labctl.lifecycle import balance, targets
 from labctl.lifecycle.labs import require_root
 from labctl.plan import te
 from labctl.plan.flowhash import ROCE_PORT, te_mark
+from labctl.plan.model import LabPlan
 
 ROCE_DSCP = 26      # what the agents send RoCE data with (traffic/roce.py DSCP_DATA)
-from labctl.plan.model import LabPlan, TeRoute
-
-
-def _in_table(rule: TeRoute, dst: str) -> bool:
-    """Whether a te: rule's table routes `dst` (else its lookup fell through to main)."""
-    import ipaddress
-    return any(ipaddress.ip_address(dst) in ipaddress.ip_network(r.dst) for r in rule.routes)
 
 
 def trace_path(plan: LabPlan, start: str, dest: str, sport: int | None, dport: int | None,
@@ -54,6 +48,10 @@ def trace_path(plan: LabPlan, start: str, dest: str, sport: int | None, dport: i
                 got = flowhash.next_hop(sock, node.flow_hash, dst, src, iif, proto, sport, dport, mark=mark)
             else:
                 got = rtnl.route_get(sock, dst, src=src, iif=iif, proto=proto, sport=sport, dport=dport)
+            # the rule decided if its table had a route for dst: the route matched with the mark
+            # differs from main's (a destination the rule's paths do not reach falls through)
+            steered = rule is not None and iif is not None and \
+                rtnl.route_fib_match(sock, dst, src, iif, mark)[0] != rtnl.route_fib_match(sock, dst, src, iif)[0]
         except rtnl.NetlinkError as exc:
             raise LabError(f"{node.name} cannot route to {dst}: {os.strerror(exc.code)}") from None
         finally:
@@ -68,7 +66,7 @@ def trace_path(plan: LabPlan, start: str, dest: str, sport: int | None, dport: i
         hops.append({"node": node.name, "out": out.name, "via": got.get("gateway")})
         if facts is not None and "choices" in got:
             hops[-1]["why"] = balance.explain(plan, node, facts, got)
-        if rule is not None and iif is not None and _in_table(node.te[rule], dst):
+        if steered:
             hops[-1]["why"] = te.explain(node, rule, out.name)
         nxt = plan.node(out.peer_node)
         if nxt.bridged:     # across an L2 segment: the next hop is whoever holds the gateway (or dst)
