@@ -70,7 +70,7 @@ METRICS = {
     "wan_short_bytes": "bytes the shortest WAN paths' ports sent during the run (both ends)",
     "wan_long_bytes": "bytes the longer WAN paths' ports sent during the run (both ends)",
     "wan_bound_s": "the model's floor for the run's WAN part: on the slowest path that carried bytes, its "
-                   "busier direction's bytes at its lab rate plus one lab round trip",
+                   "busier direction's bytes at its lab rate plus its lab one-way delay",
     "wan_expected_bytes": "train: the bytes the steps' schedule puts on the WAN, on the wire (warm-up steps included, as the ports count them)",
     "duty_cycle": "train: per GPU, the share of the step its transfers were in flight (mean)",
     "wan_hidden_fraction": "train: the share of the WAN's busy time during which some GPU computed",
