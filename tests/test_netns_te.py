@@ -1,7 +1,8 @@
 """WAN traffic engineering on real namespaces: a router's te: rules, read back from its ports'
 counters. tests/topologies/te.yml has two WAN paths from r1 to r2 (1 km and 10 km); r1 pins RoCE
 data (DSCP 26) to the short one and spreads UDP to port 5201 over both at 3:1, and hashes the rest
-over both as ECMP does. The model's hash (plan/flowhash.py) says which path each flow takes."""
+over both as ECMP does. The model's hash (plan/flowhash.py) says which path each flow takes.
+docs/wan.md quotes the `labctl route` lines test_route_names_the_rule_and_its_path runs."""
 from __future__ import annotations
 
 import socket
@@ -9,10 +10,12 @@ import time
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from conftest import require_root
 from labctl import lifecycle as labmod
 from labctl import state
+from labctl.cli import cli
 from labctl.kernel import nsutil, rtnl
 from labctl.plan.flowhash import hash32, select
 
@@ -117,6 +120,18 @@ def test_route_names_the_rule_and_its_path(built_lab):
     assert outs == {"r2", "r2-2"}
     hops = labmod.trace_path(plan, "h1", "h2", 49152, 80, dscp=0)
     assert "why" not in next(h for h in hops if h["node"] == "r1")
+    # the guide's block, as written: every line it quotes is printed
+    page = (ROOT / "docs" / "wan.md").read_text()
+    block = page.split("<!-- run by tests/test_netns_te.py -->", 1)[1].split("```console\n", 1)[1].split("```", 1)[0]
+    ran = 0
+    for step in block.split("$ sudo labctl ")[1:]:
+        command, *quoted = [line for line in step.splitlines() if line.strip()]
+        result = CliRunner().invoke(cli, command.split("#")[0].split())
+        assert result.exit_code == 0, result.output
+        for line in quoted:
+            assert line in result.output.splitlines(), (command, line, result.output)
+        ran += 1
+    assert ran == 2
 
 
 def test_a_cut_pinned_path_fails_over_and_comes_back(built_lab):

@@ -117,7 +117,7 @@ def route(node, dest, lab_name, sport, dport, qp, dscp):
     dqpn = labmod.dest_qp(p, node, dest, qp)
     hops = labmod.trace_path(p, node, dest, sport, dport, qp=dqpn, dscp=dscp)
     path = " -> ".join(h["node"] + (f" ({h['out']})" if h["out"] else "") for h in hops)
-    qp_text = f" qp {qp} (BTH dest QP {dqpn:#08x})" if any(h.get("why") for h in hops) else ""
+    qp_text = f" qp {qp} (BTH dest QP {dqpn:#08x})" if any(h.get("why") and not h.get("te") for h in hops) else ""
     click.echo(f"udp sport {sport} dport {dport}{qp_text}: {path}")
     for h in hops:
         if h.get("why"):

@@ -68,6 +68,7 @@ def trace_path(plan: LabPlan, start: str, dest: str, sport: int | None, dport: i
             hops[-1]["why"] = balance.explain(plan, node, facts, got)
         if steered:
             hops[-1]["why"] = te.explain(node, rule, out.name)
+            hops[-1]["te"] = True
         nxt = plan.node(out.peer_node)
         if nxt.bridged:     # across an L2 segment: the next hop is whoever holds the gateway (or dst)
             holder = owner.get(got.get("gateway") or dst)
