@@ -11,7 +11,7 @@ import os
 import platform
 import socket
 
-from labctl.kernel import ebpf, rtnl
+from labctl.kernel import ebpf, rtnl, temark
 from labctl.kernel.ebpf import (ADD_K, ADD_X, AND_K, AND_X, ARSH_K, BE, BPF_ANY, BPF_FUNC_KTIME_GET_NS,
                                   BPF_FUNC_MAP_LOOKUP_ELEM, BPF_FUNC_MAP_UPDATE_ELEM, BPF_FUNC_SET_HASH,
                                   BPF_FUNC_SKB_LOAD_BYTES, CALL, EXIT, JA, JEQ_K, JGE_K, JGT_X, JLT_K, JNE_K,
@@ -115,7 +115,7 @@ def program(fh: FlowHash, flows_fd: int | None = None, depth_fd: int | None = No
     a.jump(JLT_K, R2, "out", imm=5)
     a.op(LSH_K, R2, imm=2)                      # IP header bytes, 20..60
     if fh.te:
-        _te(a, fh)
+        temark.emit(a, fh, ETH)
     a.ld64(R9, initial(fh))
     for offset in (ETH + 12, ETH + 16):         # source, destination address
         a.op(LDX_W, R3, R7, offset)
@@ -179,51 +179,6 @@ def program(fh: FlowHash, flows_fd: int | None = None, depth_fd: int | None = No
     a.op(MOV_K, R0, imm=TC_ACT_UNSPEC)
     a.op(EXIT)
     return a.assemble()
-
-
-SKB_MARK = 8                # __sk_buff.mark, which a tc program may write
-
-
-def _te(a: Asm, fh: FlowHash):
-    """The first te: rule that matches sets the packet's mark (te_mark): R3 the DSCP, R5 the
-    protocol, R4 the destination port of an unfragmented TCP or UDP packet (else 0). R2, the IP
-    header's length, is kept for the hash after."""
-    a.op(LDX_B, R3, R7, ETH + 1)                # DSCP and ECN
-    a.op(RSH_K, R3, imm=2)
-    a.op(MOV_K, R4, imm=0)
-    if any(m.dport for m in fh.te):
-        a.op(LDX_B, R5, R7, ETH + 9)
-        a.jump(JEQ_K, R5, "te_ports", imm=6)
-        a.jump(JEQ_K, R5, "te_ports", imm=17)
-        a.jump(JA, 0, "te_rules")
-        a.label("te_ports")
-        a.op(LDX_H, R0, R7, ETH + 6)            # flags and fragment offset
-        a.op(BE, R0, imm=16)
-        a.op(AND_K, R0, imm=0x3FFF)
-        a.jump(JNE_K, R0, "te_rules", imm=0)
-        a.op(MOV_X, R1, R7)
-        a.op(ADD_X, R1, R2)
-        a.op(ADD_K, R1, imm=ETH)
-        a.op(MOV_X, R0, R1)
-        a.op(ADD_K, R0, imm=4)
-        a.jump(JGT_X, R0, "te_rules", src=R8)
-        a.op(LDX_H, R4, R1, 2)                  # destination port
-        a.op(BE, R4, imm=16)
-        a.label("te_rules")
-    for k, m in enumerate(fh.te):
-        miss, hit = f"te_miss{k}", f"te_hit{k}"
-        for d in m.dscp:
-            a.jump(JEQ_K, R3, miss if m.negate else hit, imm=d)
-        if not m.negate:
-            a.jump(JA, 0, miss)
-        a.label(hit)
-        if m.dport:
-            a.jump(JNE_K, R4, miss, imm=m.dport)
-        a.op(MOV_K, R0, imm=m.mark)              # under 2^31: no sign to extend
-        a.op(STX_W, R6, R0, SKB_MARK)
-        a.jump(JA, 0, "te_done")
-        a.label(miss)
-    a.label("te_done")
 
 
 def _new_flow(a: Asm, flows_fd: int, last_from: int | None, count: int):
