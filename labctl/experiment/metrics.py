@@ -76,8 +76,10 @@ def predicted_imbalance(plan: LabPlan, doc: dict) -> float:
             ups = [i for i in plan.node(leaf).interfaces if plan.node(i.peer_node).forwarding]
             for i in ups:
                 ports.setdefault(i.name, {"up": 0.0, "down": 0.0})
-            port = next(i.name for i in ups if i.peer_node == p["spine"])
-            ports[port][way] += share
+            # a path between zones crosses a spine of each: each leaf counts its own zone's
+            port = next((i.name for i in ups if i.peer_node == p["spine"]), None)
+            if port is not None:
+                ports[port][way] += share
     return link_imbalance(load, floor=0)["worst"]
 
 
