@@ -42,6 +42,7 @@ class Skb:
         self.frame = bytes(frame)
         self.linear = len(frame) if linear is None else linear     # data_end: the rest is in frags
         self.hash: int | None = None
+        self.mark = 0                                            # __sk_buff.mark, which tc may write
 
 
 class Vm:
@@ -53,6 +54,7 @@ class Vm:
         insns = [struct.unpack_from("<BBhi", code, k) for k in range(0, len(code), 8)]
         regions = {STACK: bytearray(512), PACKET: bytearray(skb.frame), CTX: bytearray(256)}
         struct.pack_into("<I", regions[CTX], 0, len(skb.frame))
+        struct.pack_into("<I", regions[CTX], 8, skb.mark)
         struct.pack_into("<I", regions[CTX], 76, PACKET)
         struct.pack_into("<I", regions[CTX], 80, PACKET + skb.linear)
         value_at: dict[int, int] = {}          # address of a map value -> its region
@@ -158,6 +160,7 @@ class Vm:
                     r[0] = call(imm)
                     continue
                 if code == 0x90:
+                    skb.mark = struct.unpack_from("<I", regions[CTX], 8)[0]
                     return signed(r[0])
                 a, x = r[dst], (r[src] if op & 0x08 else k)
                 taken = {0x00: True, 0x10: a == x, 0x50: a != x, 0x20: a > x, 0x30: a >= x, 0xA0: a < x,

@@ -99,8 +99,8 @@ class Backend:
     def set_link(self, node: Node, iface: Interface, up: bool, neighbours: list = ()) -> None:
         netconf.set_link(node, iface, up, neighbours)
 
-    def replace_routes(self, node: Node, old: list[Route], new: list[Route]) -> int:
-        return netconf.replace_routes(node, old, new)
+    def replace_routes(self, node: Node, old: list[Route], new: list[Route], table: int = 254) -> int:
+        return netconf.replace_routes(node, old, new, table)
 
     def set_rate(self, node: Node, iface: Interface, rate_bps: int) -> None:
         netconf.set_rate(node, iface, rate_bps)

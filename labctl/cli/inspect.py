@@ -93,7 +93,9 @@ def exec_(node, command, lab_name):
               help="UDP destination port (4791 = RoCEv2)")
 @click.option("--qp", type=click.IntRange(0, 7), default=0, show_default=True,
               help="which QP of the pair the packets belong to: their BTH destination QP, which ecmp-qp hashes")
-def route(node, dest, lab_name, sport, dport, qp):
+@click.option("--dscp", type=click.IntRange(0, 63), default=None,
+              help="the packets' DSCP, which te: rules match (default: 26, RoCE data, to port 4791; else 0)")
+def route(node, dest, lab_name, sport, dport, qp, dscp):
     """Show the path a UDP flow takes, hop by hop, as each switch's ECMP hash decides it.
 
     DEST is a node name or an address. Try several --sport values to see flows spread over spines.
@@ -101,7 +103,8 @@ def route(node, dest, lab_name, sport, dport, qp):
     doctor`): this command computes it, where `ip route get` inside a switch would not. In a lab
     with lb: (docs/load-balancing.md) each router that chose among next hops says why, in its
     mode: the hash's inputs (ecmp, ecmp-qp with the QP), the flow's flowlet and when it may move
-    (flowlet), the uplinks in turn (spray), the uplinks' depths now (adaptive).
+    (flowlet), the uplinks in turn (spray), the uplinks' depths now (adaptive). A router whose
+    te: rules steer the packet (by --dscp and --dport) names the rule and the path it chose.
 
     \b
     Example:
@@ -112,9 +115,9 @@ def route(node, dest, lab_name, sport, dport, qp):
     from labctl import lifecycle as labmod
     p = labmod.load_plan(labmod.default_lab(lab_name))
     dqpn = labmod.dest_qp(p, node, dest, qp)
-    hops = labmod.trace_path(p, node, dest, sport, dport, qp=dqpn)
+    hops = labmod.trace_path(p, node, dest, sport, dport, qp=dqpn, dscp=dscp)
     path = " -> ".join(h["node"] + (f" ({h['out']})" if h["out"] else "") for h in hops)
-    qp_text = f" qp {qp} (BTH dest QP {dqpn:#08x})" if any(h.get("why") for h in hops) else ""
+    qp_text = f" qp {qp} (BTH dest QP {dqpn:#08x})" if any(h.get("why") and not h.get("te") for h in hops) else ""
     click.echo(f"udp sport {sport} dport {dport}{qp_text}: {path}")
     for h in hops:
         if h.get("why"):

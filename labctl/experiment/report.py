@@ -8,7 +8,8 @@ from labctl.experiment.spec import METRICS, Experiment
 SHOWN = ("time_s", "busbw", "ratio", "wrong", "gaps", "drops", "lossless_drops", "ecn_marked", "pfc_tx",
          "max_depth", "uplink_imbalance", "link_imbalance", "reordered_share", "naks", "retransmitted_bytes", "ring_collisions", "predicted_imbalance",
          "wan_bytes", "tcp_goodput_bps", "victim_time_s", "retransmits",
-         "wan_max_depth", "wan_drops", "zone_pfc_tx", "wan_port_bytes",
+         "wan_max_depth", "wan_drops", "zone_pfc_tx", "wan_port_bytes", "wan_short_bytes", "wan_long_bytes",
+         "wan_long_share", "wan_bound_s",
          "wan_expected_bytes", "duty_cycle", "wan_hidden_fraction", "model_step_s", "model_swapped_step_s",
          "model_flip_km", "ep_hot_ratio", "ep_hot_expected", "ep_busy_s")
 

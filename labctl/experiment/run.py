@@ -160,11 +160,13 @@ def _step(exp, k, step, plan, lab, workloads, out, suffix, metrics, runs, say) -
     if step.run is not None:
         run_name = (step.as_ or f"run{k + 1}") + suffix
         say(f"[{exp.name}] run {run_name}")
-        before, ports_before = _wan_bytes(lab), fabricports.sent_bytes(plan)
+        before, links_before = _wan_bytes(lab), fabricports.link_sent_bytes(plan)
         run_dir = out / "runs" / run_name
         run_workload(plan, lab, workloads[k], run_dir, trace=labmod.trace_path)
         metrics[run_name] = run_metrics(plan, run_dir, _wan_bytes(lab) - before)
-        metrics[run_name]["wan_port_bytes"] = fabricports.sent_bytes(plan) - ports_before
+        links_after = fabricports.link_sent_bytes(plan)
+        metrics[run_name]["wan_port_bytes"] = sum(map(sum, links_after.values())) - sum(map(sum, links_before.values()))
+        metrics[run_name].update(wan.path_metrics(plan, links_before, links_after))
         runs[run_name] = run_dir
     elif step.tc is not None:
         _tc(plan, lab, step.tc)

@@ -66,6 +66,11 @@ METRICS = {
     "wan_drops": "packets the DCI routers' WAN egress queues dropped during the run",
     "zone_pfc_tx": "PFC frames sent inside the zones (every port not on the WAN) during the run",
     "wan_port_bytes": "bytes the WAN links' ports sent during the run (both ends, port counters)",
+    "wan_long_share": "share of the WAN links' bytes (port counters) on paths longer than the shortest",
+    "wan_short_bytes": "bytes the shortest WAN paths' ports sent during the run (both ends)",
+    "wan_long_bytes": "bytes the longer WAN paths' ports sent during the run (both ends)",
+    "wan_bound_s": "the model's floor for the run's WAN part: on the slowest path that carried bytes, its "
+                   "busier direction's bytes at its lab rate plus its lab one-way delay",
     "wan_expected_bytes": "train: the bytes the steps' schedule puts on the WAN, on the wire (warm-up steps included, as the ports count them)",
     "duty_cycle": "train: per GPU, the share of the step its transfers were in flight (mean)",
     "wan_hidden_fraction": "train: the share of the WAN's busy time during which some GPU computed",

@@ -26,6 +26,26 @@ def wan_metrics(plan: LabPlan, deltas: dict) -> dict[str, float]:
     }
 
 
+def path_metrics(plan: LabPlan, before: dict[int, tuple[int, int]], after: dict[int, tuple[int, int]]) -> dict:
+    """From the WAN links' port counters over a run (fabricports.link_sent_bytes before and after):
+    the share of the WAN's bytes that took a path longer than the shortest (`wan_long_share`),
+    the bytes on the shortest and on longer paths, and the model's floor for the run's WAN part (`wan_bound_s`): on each
+    path that carried bytes, the busier direction's bytes at the path's lab rate plus its lab
+    one-way delay (the last byte leaves after all the others and still has the fibre to cross),
+    the slowest path's. A step's collectives cannot take less than their WAN transfers (the ops'
+    times add up, each with its own bytes and at least one crossing); TE lowers the floor by
+    moving bytes off a long or slow path."""
+    links = {lk.id: lk for lk in plan.links if lk.id in after}
+    sent = {i: (after[i][0] - before.get(i, (0, 0))[0], after[i][1] - before.get(i, (0, 0))[1]) for i in links}
+    total = sum(a + b for a, b in sent.values())
+    shortest = min((lk.lab_delay_ns for lk in links.values() if lk.wire), default=0)
+    longer = sum(a + b for i, (a, b) in sent.items() if links[i].lab_delay_ns > shortest)
+    floor = max([max(a, b) * 8 / links[i].lab_rate_bps + links[i].lab_delay_ns / 1e9
+                 for i, (a, b) in sent.items() if links[i].wire and max(a, b) > 0] or [0.0])
+    return {"wan_long_share": longer / total if total else 0.0, "wan_bound_s": floor,
+            "wan_short_bytes": float(total - longer), "wan_long_bytes": float(longer)}
+
+
 def wan_queue_plot(run_dir: Path, plan: LabPlan, path: Path) -> plots.Series:
     """Depth over time of each busy WAN egress queue, with its buffer (where it drops) and Kmin."""
     rows = plots._rows(run_dir)

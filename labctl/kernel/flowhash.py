@@ -11,7 +11,7 @@ import os
 import platform
 import socket
 
-from labctl.kernel import ebpf, rtnl
+from labctl.kernel import ebpf, rtnl, temark
 from labctl.kernel.ebpf import (ADD_K, ADD_X, AND_K, AND_X, ARSH_K, BE, BPF_ANY, BPF_FUNC_KTIME_GET_NS,
                                   BPF_FUNC_MAP_LOOKUP_ELEM, BPF_FUNC_MAP_UPDATE_ELEM, BPF_FUNC_SET_HASH,
                                   BPF_FUNC_SKB_LOAD_BYTES, CALL, EXIT, JA, JEQ_K, JGE_K, JGT_X, JLT_K, JNE_K,
@@ -114,6 +114,8 @@ def program(fh: FlowHash, flows_fd: int | None = None, depth_fd: int | None = No
     a.op(AND_K, R2, imm=0x0F)
     a.jump(JLT_K, R2, "out", imm=5)
     a.op(LSH_K, R2, imm=2)                      # IP header bytes, 20..60
+    if fh.te:
+        temark.emit(a, fh, ETH)
     a.ld64(R9, initial(fh))
     for offset in (ETH + 12, ETH + 16):         # source, destination address
         a.op(LDX_W, R3, R7, offset)
@@ -341,13 +343,14 @@ def port_requests(index: int, fd: int, where: str) -> list[tuple[tuple[int, int,
 
 # --- where it sends a flow -----------------------------------------------------------------------
 def next_hop(sock: socket.socket, fh: FlowHash, dst: str, src: str, iif: int, proto: int,
-             sport: int | None, dport: int | None, h: int | None = None) -> dict:
+             sport: int | None, dport: int | None, h: int | None = None, mark: int = 0) -> dict:
     """The next hop a packet arriving on `iif` takes at a router hashing with `fh`: the route the
     kernel matches (`ip route get fibmatch`), and among its next hops the one the hash selects
     (`h`, else the 5-tuple's hash32). With several next hops, also what the choice was made from:
     `hash`, and `choices`, `weights`, `usable` in the route's order, `chosen`, and `select` (the
-    kernel's hash-threshold function for this route)."""
-    hops, group = rtnl.route_fib_match(sock, dst, src, iif)
+    kernel's hash-threshold function for this route). `mark`: the one a te: rule gave the packet
+    (its table's route is the one matched, if it has one)."""
+    hops, group = rtnl.route_fib_match(sock, dst, src, iif, mark)
     if len(hops) == 1:
         return {k: hops[0][k] for k in ("oif", "gateway") if hops[0].get(k) is not None}
     ip = lambda a: int.from_bytes(socket.inet_aton(a), "big")   # noqa: E731

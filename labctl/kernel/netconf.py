@@ -61,6 +61,11 @@ def configure(node: Node, nl: socket.socket, ioctl: socket.socket, extra: list =
     for route in node.routes:
         batch.add(rtnl.route_add(route.dst, [(h.via, index[h.dev], h.weight) for h in route.nexthops]),
                   f"{node.name}: route {route.dst}")
+    for rule in node.te:        # WAN traffic engineering (plan/te.py): the program marks, these route
+        batch.add(rtnl.rule_add(rule.pref, rule.mark, rule.table), f"{node.name}: te rule {rule.rule}")
+        for route in rule.routes:
+            batch.add(rtnl.route_add(route.dst, [(h.via, index[h.dev], h.weight) for h in route.nexthops],
+                                     rule.table), f"{node.name}: route {route.dst} in table {rule.table}")
     for request, what in extra:
         batch.add(request, what)
     try:
@@ -143,15 +148,17 @@ def set_link(node: Node, iface: Interface, up: bool, neighbours: list = ()) -> N
                                 f"{node.name}: {'up' if up else 'down'} {iface.name}")] + (list(neighbours) if up else []))
 
 
-def replace_routes(node: Node, old: list, new: list) -> int:
-    """Replace the routes that changed and delete the ones that vanished; returns how many changed."""
+def replace_routes(node: Node, old: list, new: list, table: int = rtnl.RT_TABLE_MAIN) -> int:
+    """Replace the routes that changed and delete the ones that vanished; returns how many changed.
+    `table`: main, or a te: rule's (plan/te.py)."""
     before = {r.dst: [(h.via, h.dev, h.weight) for h in r.nexthops] for r in old}
     after = {r.dst: [(h.via, h.dev, h.weight) for h in r.nexthops] for r in new}
     index = {i.name: i.index for i in node.interfaces}
-    requests = [(rtnl.route_replace(dst, [(via, index[dev], w) for via, dev, w in hops]), f"{node.name}: route {dst}")
+    requests = [(rtnl.route_replace(dst, [(via, index[dev], w) for via, dev, w in hops], table),
+                 f"{node.name}: route {dst}" + (f" in table {table}" if table != rtnl.RT_TABLE_MAIN else ""))
                 for dst, hops in after.items() if before.get(dst) != hops]
     # a port that went down took its routes with it: the kernel flushed them, which is what we wanted
-    requests += [(rtnl.route_del(dst), f"{node.name}: delete route {dst}", (errno.ESRCH,))
+    requests += [(rtnl.route_del(dst, table), f"{node.name}: delete route {dst}", (errno.ESRCH,))
                  for dst in before.keys() - after.keys()]
     return commit_in(node.namespace, requests) if requests else 0
 

@@ -91,11 +91,12 @@ def addr_add(index: int, cidr: str) -> tuple[int, int, bytes]:
     return RTM_NEWADDR, CREATE, body
 
 
-def route_add(dst: str, nexthops: list[tuple]) -> tuple[int, int, bytes]:
+def route_add(dst: str, nexthops: list[tuple], table: int = RT_TABLE_MAIN) -> tuple[int, int, bytes]:
     """A static route; several (gateway, ifindex[, weight]) next-hops make an ECMP route, weighted
-    when a weight is given (the kernel hashes flows onto next-hops in proportion)."""
+    when a weight is given (the kernel hashes flows onto next-hops in proportion). `table` under
+    256 (the header's field): main, or a te: rule's own table (plan/te.py)."""
     net, _, plen = dst.partition("/")
-    body = struct.pack("BBBBBBBBI", socket.AF_INET, int(plen), 0, 0, RT_TABLE_MAIN, RTPROT_STATIC,
+    body = struct.pack("BBBBBBBBI", socket.AF_INET, int(plen), 0, 0, table, RTPROT_STATIC,
                        RT_SCOPE_UNIVERSE, RTN_UNICAST, 0)
     body += attr(RTA_DST, ip4(net))
     if len(nexthops) == 1:
@@ -112,16 +113,29 @@ def route_add(dst: str, nexthops: list[tuple]) -> tuple[int, int, bytes]:
 
 NLM_F_REPLACE = 0x100
 RTM_DELROUTE = 25
+RTM_NEWRULE = 32
+FRA_PRIORITY, FRA_FWMARK, FRA_TABLE, FRA_FWMASK = 6, 10, 15, 16
+FR_ACT_TO_TBL = 1
+RTA_MARK = 16
 
 
-def route_replace(dst: str, nexthops: list[tuple[str, int]]) -> tuple[int, int, bytes]:
-    kind, _, body = route_add(dst, nexthops)
+def rule_add(pref: int, mark: int, table: int) -> tuple[int, int, bytes]:
+    """A fib rule: packets with exactly `mark` look up `table` first (`ip rule add pref P fwmark M
+    lookup T`); a destination the table has no route for goes on to the next rule (main)."""
+    body = struct.pack("BBBBBBBBI", socket.AF_INET, 0, 0, 0, table, 0, 0, FR_ACT_TO_TBL, 0)
+    body += attr(FRA_PRIORITY, u32(pref)) + attr(FRA_FWMARK, u32(mark)) + attr(FRA_FWMASK, u32(0xFFFFFFFF))
+    body += attr(FRA_TABLE, u32(table))
+    return RTM_NEWRULE, CREATE, body
+
+
+def route_replace(dst: str, nexthops: list[tuple[str, int]], table: int = RT_TABLE_MAIN) -> tuple[int, int, bytes]:
+    kind, _, body = route_add(dst, nexthops, table)
     return kind, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE, body
 
 
-def route_del(dst: str) -> tuple[int, int, bytes]:
+def route_del(dst: str, table: int = RT_TABLE_MAIN) -> tuple[int, int, bytes]:
     net, _, plen = dst.partition("/")
-    body = struct.pack("BBBBBBBBI", socket.AF_INET, int(plen), 0, 0, RT_TABLE_MAIN, RTPROT_STATIC,
+    body = struct.pack("BBBBBBBBI", socket.AF_INET, int(plen), 0, 0, table, RTPROT_STATIC,
                        RT_SCOPE_UNIVERSE, RTN_UNICAST, 0) + attr(RTA_DST, ip4(net))
     return RTM_DELROUTE, CHANGE, body
 
@@ -266,11 +280,14 @@ RTM_F_FIB_MATCH, RTA_NH_ID = 0x2000, 30
 RTNH_F_DEAD = 0x1
 
 
-def route_fib_match(sock: socket.socket, dst: str, src: str, iif: int) -> tuple[list[dict], bool]:
-    """The route a packet from `src` arriving on `iif` matches (`ip route get fibmatch`): its next
-    hops in the kernel's order, each {oif, gateway, weight, dead}, and whether it is a nexthop group."""
+def route_fib_match(sock: socket.socket, dst: str, src: str, iif: int, mark: int = 0) -> tuple[list[dict], bool]:
+    """The route a packet from `src` arriving on `iif` (with `mark`, a te: rule's) matches (`ip route
+    get fibmatch`): its next hops in the kernel's order, each {oif, gateway, weight, dead}, and
+    whether it is a nexthop group."""
     body = struct.pack("BBBBBBBBI", socket.AF_INET, 32, 32, 0, 0, 0, 0, 0, RTM_F_FIB_MATCH)
     body += attr(RTA_DST, ip4(dst)) + attr(RTA_SRC, ip4(src)) + attr(RTA_IIF, u32(iif))
+    if mark:
+        body += attr(RTA_MARK, u32(mark))
     reply = request(sock, RTM_GETROUTE, NLM_F_REQUEST, body)
     attrs = parse_attrs(reply, 12)
     gateway = lambda a: socket.inet_ntoa(a[RTA_GATEWAY]) if RTA_GATEWAY in a else None   # noqa: E731

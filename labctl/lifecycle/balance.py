@@ -123,6 +123,8 @@ def mode_error(plan: LabPlan, node: Node, text: str) -> str | None:
         return str(exc)
     if text == "ecmp-qp" and not node.flow_hash.l4:
         return "ecmp-qp hashes the 5-tuple and the QP, but the lab's hash_policy is 0 (addresses only)"
+    if node.te and text in ("spray", "adaptive"):
+        return f"{node.name} has te: rules, and {text} steers among its main routes' next hops, not a rule's"
     if text == "adaptive" and any(len(r.nexthops) > 1 for r in node.routes) and not node.flow_hash.group:
         return f"{node.name}'s multipath routes go through different sets of next hops"
     return None

@@ -9,15 +9,22 @@ from labctl.errors import LabError
 from labctl.kinds import fabric_kind, node_kind
 from labctl.lifecycle import balance, targets
 from labctl.lifecycle.labs import require_root
+from labctl.plan import te
+from labctl.plan.flowhash import ROCE_PORT, te_mark
 from labctl.plan.model import LabPlan
+
+ROCE_DSCP = 26      # what the agents send RoCE data with (traffic/roce.py DSCP_DATA)
 
 
 def trace_path(plan: LabPlan, start: str, dest: str, sport: int | None, dport: int | None,
-               proto: int = 17, qp: int | None = None) -> list[dict]:
+               proto: int = 17, qp: int | None = None, dscp: int | None = None) -> list[dict]:
     """Hop by hop, ask each node's kernel where this flow goes (the ECMP hash with its 5-tuple).
     At a router with an lb: mode the hop says why (`why`): the hash of the flow's next packet in
-    that mode, `qp` being the BTH destination QP its packets carry (lifecycle/balance.py)."""
+    that mode, `qp` being the BTH destination QP its packets carry (lifecycle/balance.py). At a
+    router whose te: rules match the packet (its `dscp` and ports), the rule and its table."""
     require_root("labctl route")
+    if dscp is None:
+        dscp = ROCE_DSCP if dport == ROCE_PORT else 0
     dst = targets.address(plan, dest)
     owner = {i.address.split("/")[0]: (n, i) for n in plan.nodes for i in n.interfaces if i.address}
     owner.update({n.loopback.split("/")[0]: (n, None) for n in plan.nodes if n.loopback})
@@ -33,13 +40,18 @@ def trace_path(plan: LabPlan, start: str, dest: str, sport: int | None, dport: i
             sock = rtnl.open_socket()
         try:
             facts = None
+            mark, rule = te_mark(node.flow_hash, dscp, proto, dport or 0) if node.flow_hash else (0, None)
             if node.flow_hash and node.flow_hash.mode and iif is not None:
                 h, facts = balance.packet_hash(node, src, dst, proto, sport or 0, dport or 0, qp)
-                got = flowhash.next_hop(sock, node.flow_hash, dst, src, iif, proto, sport, dport, h)
+                got = flowhash.next_hop(sock, node.flow_hash, dst, src, iif, proto, sport, dport, h, mark)
             elif node.flow_hash and iif is not None:      # forwarded by labctl's hash, not the kernel's
-                got = flowhash.next_hop(sock, node.flow_hash, dst, src, iif, proto, sport, dport)
+                got = flowhash.next_hop(sock, node.flow_hash, dst, src, iif, proto, sport, dport, mark=mark)
             else:
                 got = rtnl.route_get(sock, dst, src=src, iif=iif, proto=proto, sport=sport, dport=dport)
+            # the rule decided if its table had a route for dst: the route matched with the mark
+            # differs from main's (a destination the rule's paths do not reach falls through)
+            steered = rule is not None and iif is not None and \
+                rtnl.route_fib_match(sock, dst, src, iif, mark)[0] != rtnl.route_fib_match(sock, dst, src, iif)[0]
         except rtnl.NetlinkError as exc:
             raise LabError(f"{node.name} cannot route to {dst}: {os.strerror(exc.code)}") from None
         finally:
@@ -54,6 +66,9 @@ def trace_path(plan: LabPlan, start: str, dest: str, sport: int | None, dport: i
         hops.append({"node": node.name, "out": out.name, "via": got.get("gateway")})
         if facts is not None and "choices" in got:
             hops[-1]["why"] = balance.explain(plan, node, facts, got)
+        if steered:
+            hops[-1]["why"] = te.explain(node, rule, out.name)
+            hops[-1]["te"] = True
         nxt = plan.node(out.peer_node)
         if nxt.bridged:     # across an L2 segment: the next hop is whoever holds the gateway (or dst)
             holder = owner.get(got.get("gateway") or dst)

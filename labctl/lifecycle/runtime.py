@@ -1,10 +1,13 @@
 """Changing a running lab: cut and restore links (routes reconverge), port rates, ECN and PFC settings."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from labctl import state
 from labctl.kernel import neighbours
 from labctl.errors import LabError
 from labctl.lifecycle.labs import backend_of
+from labctl.plan import te
 from labctl.plan.model import LabPlan, Node
 from labctl.plan.routing import routes_without
 from labctl.units import parse_rate, parse_size
@@ -29,6 +32,14 @@ def set_link_state(lab: state.LabDir, plan: LabPlan, node: Node, iface: str, up:
     new = routes_without(plan, down)
     changed = sum(backend.replace_routes(n, old[n.name], new[n.name]) for n in plan.nodes
                   if old[n.name] != new[n.name])
+    # a te: rule's table follows its router's routes: a path cut leaves it (the rule's traffic
+    # takes the paths still up), and a path restored comes back into it
+    for n in plan.nodes:
+        for rule in n.te:
+            shares = dict(zip(rule.paths, rule.weights))
+            was, now = (te.rule_routes(replace(n, routes=r[n.name]), shares) for r in (old, new))
+            if was != now:
+                changed += backend.replace_routes(n, was, now, rule.table)
     return changed
 
 

@@ -3,7 +3,8 @@
 Each pass reads what the earlier ones made and adds its part (a new feature adds a pass, not a
 branch in a long function):
 
-    pools → nodes → ranks → loopbacks → segments → links → shaping → wires → routes → files
+    pools → nodes → ranks → loopbacks → segments → links → shaping → wires → routes → balancing
+    → steering → files
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 from labctl import names
 from labctl.errors import InputError
 from labctl.kinds import fabric_kind, node_kind
-from labctl.plan import lb, model, qos, routing, software
+from labctl.plan import lb, model, qos, routing, software, te
 from labctl.plan.sysctls import node_sysctls
 from labctl.topology.fabrics import l2_segments, link_fabric, node_fabric
 from labctl.topology.load import Loaded
@@ -258,9 +259,14 @@ def balancing(b: Build) -> None:
     lb.assign(b.nodes, b.topo, b.topo.dilation, b.smap)
 
 
+def steering(b: Build) -> None:
+    """Each router's te: rules (plan/te.py), once its routes and its load balancing are known."""
+    te.assign(b.nodes, b.topo, b.smap)
+
+
 PASSES = (("pools", pools), ("nodes", nodes), ("ranks", ranks), ("loopbacks", loopbacks),
           ("segments", segments), ("links", links), ("shaping", shaping), ("wires", wires), ("routes", routes),
-          ("balancing", balancing), ("files", software.files))
+          ("balancing", balancing), ("steering", steering), ("files", software.files))
 
 
 def compile_plan(loaded: Loaded, queue_reads: str = "poll") -> model.LabPlan:

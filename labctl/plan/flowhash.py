@@ -28,6 +28,11 @@ then one of these functions of the 5-tuple and what the program remembers:
   packet or two;
 - `adaptive`: the hash that sends the packet to the next hop whose queue is shallowest
   (`adaptive_pick`, `steer_targets`).
+
+A router with WAN traffic-engineering rules (`te:`, plan/te.py) runs the same program with one
+more step before the hash: the first rule whose DSCP set and destination port match the packet
+sets its mark (`te_mark`), and the kernel's policy routing sends a marked packet to the rule's
+own table, which holds the same routes over the rule's paths only.
 """
 from __future__ import annotations
 
@@ -47,6 +52,17 @@ WEYL = 0x9E3779B9
 
 
 @dataclass
+class TeMatch:
+    """What one te: rule tests, as the program tests it: the packet's DSCP in `dscp` (or, with
+    `negate`, in none of them: the class that takes everything else), and, when `dport` is not
+    0, an unfragmented TCP or UDP packet to that port. A match sets the packet's mark to `mark`."""
+    dscp: list[int]
+    negate: bool
+    dport: int
+    mark: int
+
+
+@dataclass
 class FlowHash:
     """What a router's tc program hashes: the 5-tuple (l4) or the addresses alone, under `seed`;
     in a lab with `lb:`, how the router balances (`mode`, None without `lb:`), the flowlet gap in
@@ -58,6 +74,24 @@ class FlowHash:
     gap_ns: int = 0
     group: list[str] = field(default_factory=list)
     weights: list[int] = field(default_factory=list)
+    te: list[TeMatch] = field(default_factory=list)
+
+    def __post_init__(self):
+        # read back from plan.json, the matches are plain dicts
+        self.te = [m if isinstance(m, TeMatch) else TeMatch(**m) for m in self.te]
+
+
+def te_mark(fh: FlowHash, dscp: int, proto: int, dport: int, fragment: bool = False) -> tuple[int, int | None]:
+    """(the mark the program gives a packet, the index of the te: rule that set it): the first
+    rule that matches, else (0, None)."""
+    ports = proto in (TCP, UDP) and not fragment
+    for k, m in enumerate(fh.te):
+        if (dscp in m.dscp) == m.negate:
+            continue
+        if m.dport and not (ports and dport == m.dport):
+            continue
+        return m.mark, k
+    return 0, None
 
 
 # splitmix64's finaliser, step by step (shift, then multiply; 0: none), so that every input bit

@@ -66,6 +66,20 @@ class Route:
 
 
 @dataclass
+class TeRoute:
+    """One te: rule of a router, as built (plan/te.py): packets its program marks `mark` look up
+    table `table` first (fib rule priority `pref`), which holds the router's multipath routes over
+    the rule's paths only; a destination none of them reaches falls through to the main table."""
+    rule: str            # the rule as the lab file writes it, for `labctl route`
+    mark: int
+    table: int
+    pref: int
+    paths: list[str]
+    weights: list[int]
+    routes: list[Route] = field(default_factory=list)
+
+
+@dataclass
 class Container:
     """A node that runs in a Docker container: started with no network of Docker's, its netns then
     exposed as the node's named netns and cabled like any other (containers/nodes.py)."""
@@ -100,6 +114,7 @@ class Node:
     static_routes: bool = True   # False: it routes for itself (FRR), labctl installs no routes there
     numbered: bool = True        # False: its exec lines address its ports, the plan gives them none
     flow_hash: FlowHash | None = None   # labctl's ECMP hash on its ports (kernels without a seed: plan/flowhash.py)
+    te: list[TeRoute] = field(default_factory=list)   # WAN traffic engineering (plan/te.py)
 
     @property
     def switching(self) -> bool:
@@ -215,7 +230,14 @@ class LabPlan:
         raise KeyError(name)
 
     def to_dict(self) -> dict:
-        return _plain(self)
+        out = _plain(self)
+        # a lab without te: rules writes the plan it wrote before they existed (from_dict defaults them)
+        for n in out["nodes"]:
+            if not n["te"]:
+                del n["te"]
+            if n["flow_hash"] and not n["flow_hash"]["te"]:
+                del n["flow_hash"]["te"]
+        return out
 
     @classmethod
     def from_lab_dir(cls, lab_dir) -> "LabPlan":
@@ -243,8 +265,10 @@ class LabPlan:
             routes = [Route(r["dst"], [NextHop(**h) for h in r["nexthops"]]) for r in n["routes"]]
             container = Container(**n["container"]) if n.get("container") else None
             flow_hash = FlowHash(**n["flow_hash"]) if n.get("flow_hash") else None
+            te = [TeRoute(**{**t, "routes": [Route(r["dst"], [NextHop(**h) for h in r["nexthops"]])
+                                             for r in t["routes"]]}) for t in n.get("te", [])]
             nodes.append(Node(**{**n, "interfaces": ifaces, "routes": routes, "container": container,
-                                 "flow_hash": flow_hash}))
+                                 "flow_hash": flow_hash, "te": te}))
         return cls(d["lab"], d["description"], d["dilation"], d["template"],
                    {k: FabricPlan(**v) for k, v in d["fabrics"].items()}, nodes,
                    [Link(**{**lk, "wire": Wire(**lk["wire"]) if lk.get("wire") else None}) for lk in d["links"]], EcnPlan(**d["ecn"]) if "ecn" in d else EcnPlan(

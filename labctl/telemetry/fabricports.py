@@ -9,18 +9,26 @@ from labctl.plan.model import LabPlan
 def sent_bytes(plan: LabPlan, kind: str = "scale-across") -> int:
     """tx_bytes summed over both ends of every link of fabrics of `kind`: each byte that crossed such
     a link once, in either direction."""
-    total, cache = 0, {}
+    return sum(a + b for a, b in link_sent_bytes(plan, kind).values())
+
+
+def link_sent_bytes(plan: LabPlan, kind: str = "scale-across") -> dict[int, tuple[int, int]]:
+    """link id -> (tx_bytes of its a end, of its b end) for every link of fabrics of `kind`: what
+    each path carried, each way."""
+    out, cache = {}, {}
     for link in plan.links:
         if fabric_kind(plan.fabrics[link.fabric].kind).name != kind:
             continue
+        sides = []
         for end in (link.a, link.b):
             node, iface = end.split(":")
             ns = plan.node(node).namespace
             if ns not in cache:
                 with nsutil.netlink_socket(ns) as sock:
                     cache[ns] = rtnl.link_dump(sock)
-            total += cache[ns].get(iface, {}).get("tx_bytes", 0)
-    return total
+            sides.append(cache[ns].get(iface, {}).get("tx_bytes", 0))
+        out[link.id] = (sides[0], sides[1])
+    return out
 
 
 def uplink_bytes(plan: LabPlan) -> dict[str, dict[str, list[int]]]:

@@ -165,6 +165,20 @@ class NodeFile(Strict):
     vars: dict[Name, str | int | float | bool] = Field(default_factory=dict, description="more variables for it")
 
 
+class TeRule(Strict):
+    """One WAN traffic-engineering rule of a router (plan/te.py): which packets, and where they go."""
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    class_: Name | None = Field(None, alias="class", description="a traffic class of qos.classes (by name): "
+                                "its DSCP values match (the class with none: every other DSCP)")
+    dport: int | None = Field(None, ge=1, le=65535, description="a TCP or UDP destination port, e.g. 4791 "
+                              "(RoCEv2); with class:, both must match")
+    path: str | list[str] | None = Field(None, description="the port of this router the packets leave by, among "
+                                         "its multipath next hops (ports are named after their peer, e.g. "
+                                         "z2-dci1-2), or a list: one per place (a zone) they lead to")
+    weights: dict[str, Annotated[int, Field(ge=1, le=256)]] | None = Field(
+        None, description="or several ports and the share of flows each takes, e.g. {z2-dci1: 4, z2-dci1-2: 1}")
+
+
 class NodeSpec(Strict):
     """A node as the lab file writes it (compiled into plan.model.Node; api.Node drives a running one)."""
     kind: NodeKindName = Field(description="one of " + ", ".join(kinds.NODE_KINDS))
@@ -198,6 +212,9 @@ class NodeSpec(Strict):
                                               "routes; none: the node routes for itself (e.g. FRR)")
     lb: LbMode | None = Field(None, description="this router's load-balancing mode, over its tier's "
                                                 "(routing.lb): ecmp, ecmp-qp, flowlet:GAP, spray or adaptive")
+    te: list[TeRule] = Field(default_factory=list, description="traffic engineering: rules {class: NAME | "
+                             "dport: PORT, path: PORT | weights: {PORT: W}}, the first that matches a packet "
+                             "decides which of this router's multipath next hops it may take")
     addresses: Literal["auto", "none"] = Field("auto", description="auto: labctl numbers the node's ports; none: "
                                                "its exec: lines do (its links get no addresses, and it no routes)")
 
