@@ -134,18 +134,42 @@ def test_capture_command_writes_pcapng_until_interrupted(built_lab, lab_name, st
     env = {**os.environ, "LABCTL_STATE_DIR": str(state_dir)}
     p = subprocess.Popen([sys.executable, "-m", "labctl", "capture", "leaf1:srv1-gpu0", "-w", str(out), "--lab",
                           lab_name, "--", "icmp"], env=env, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 10
-    while not out.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(1.0)   # dumpcap writes the file's header before its capture loop is running
-    dst = plan.node("srv1-gpu0").interfaces[0].address.split("/")[0]
-    ping(plan.node("srv2-gpu1").namespace, dst, count=3).wait(timeout=10)
-    time.sleep(0.3)
-    p.send_signal(signal.SIGINT)
-    p.wait(timeout=10)
+    try:
+        deadline = time.monotonic() + 10
+        while not out.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # once seen stuck here (no file after 10 s, and deaf to SIGINT): say where it waited
+        assert out.exists(), f"no capture file after 10 s; {_stuck(p.pid)}"
+        time.sleep(1.0)   # dumpcap writes the file's header before its capture loop is running
+        dst = plan.node("srv1-gpu0").interfaces[0].address.split("/")[0]
+        ping(plan.node("srv2-gpu1").namespace, dst, count=3).wait(timeout=10)
+        time.sleep(0.3)
+        p.send_signal(signal.SIGINT)
+        try:
+            p.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"labctl capture ignored Ctrl-C for 15 s; {_stuck(p.pid)}") from None
+    finally:
+        if p.poll() is None:
+            subprocess.run(["pkill", "-KILL", "-P", str(p.pid)], check=False)
+            p.kill()
+        p.wait()
     rows = tshark(out, "frame.protocols", "icmp.type", "icmp.seq")
     assert open(out, "rb").read(4) == b"\x0a\x0d\x0d\x0a"            # pcapng section header
     assert [r[1] for r in rows].count("8") == 3 and all("icmp" in r[0] for r in rows), rows
+
+
+def _stuck(pid: int) -> str:
+    """What a process and its children wait in: their commands and kernel wait channels."""
+    out = []
+    for proc in [pid] + [int(c) for c in subprocess.run(["pgrep", "-P", str(pid)], capture_output=True,
+                                                        text=True).stdout.split()]:
+        try:
+            cmd = Path(f"/proc/{proc}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+            out.append(f"{proc} [{cmd}] waits in {Path(f'/proc/{proc}/wchan').read_text() or 'nothing'}")
+        except OSError:
+            out.append(f"{proc} gone")
+    return "; ".join(out)
 
 
 def test_every_capture_of_every_experiment_decodes(all_experiments):

@@ -189,12 +189,20 @@ def capture(target, bpf, out, snaplen, lab_name):
     if path != "-":
         click.echo(f"capturing {target} to {path} (Ctrl-C to stop)", err=True)
     import signal
+    from labctl.errors import LabError
     p = subprocess.Popen(command(ns, port, path, snaplen, " ".join(bpf)))
     try:
         raise SystemExit(p.wait())
     except KeyboardInterrupt:
         p.send_signal(signal.SIGINT)   # dumpcap flushes and closes the file on SIGINT (a kill would lose the tail)
-        p.wait(timeout=10)
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()                   # a dumpcap deaf to SIGINT never outlives the command
+            p.wait()
+            raise LabError(f"dumpcap did not stop within 10 s of Ctrl-C and was killed; {path} may lack "
+                           f"its last frames", "capture again; if it recurs, run dumpcap by hand in the node: "
+                           f"sudo ip netns exec {ns} dumpcap -i {port}") from None
 
 
 @cli.command(name="lb")
