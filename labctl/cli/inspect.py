@@ -190,6 +190,9 @@ def capture(target, bpf, out, snaplen, lab_name):
         click.echo(f"capturing {target} to {path} (Ctrl-C to stop)", err=True)
     import signal
     from labctl.errors import LabError
+    # Ctrl-C is how a capture ends: a shell's background job starts with SIGINT ignored, which
+    # dumpcap would inherit and Python would keep, so both would run on past the user's Ctrl-C
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     p = subprocess.Popen(command(ns, port, path, snaplen, " ".join(bpf)))
     try:
         raise SystemExit(p.wait())
