@@ -139,6 +139,9 @@ class NetnsBackend(Backend):
             pids += nsutil.pids_in(inodes)
         nsutil.kill_all(sorted(set(p for p in pids if nsutil.pid_alive(p))))
         removed = [n for n in names if nsutil.remove(n)]
+        # a build killed between making a name's file and mounting the namespace on it left that
+        # file bare: no namespace, but `ip netns list` shows it and a later `up` would find it taken
+        removed += [n for n in lab.namespaces() if nsutil.remove_bare_placeholder(n)]
         if inodes:
             # a process that was entering a namespace while we looked (`ip netns exec` setns-ing)
             # would keep it, and its veths, alive: look once more now that no one can enter

@@ -11,6 +11,7 @@ import fcntl
 import os
 import signal
 import socket
+import stat
 import struct
 import time
 from pathlib import Path
@@ -108,6 +109,26 @@ def _bind(target: Path, source: str) -> None:
         err = ctypes.get_errno()
         target.unlink(missing_ok=True)
         raise OSError(err, f"bind-mounting {source} on {target}: {os.strerror(err)}")
+
+
+def bare_placeholder(name: str) -> bool:
+    """`name` is the empty file _bind makes before it mounts a namespace on it, left bare because the
+    process was killed in between: `ip netns list` shows it, yet it is no namespace. A mounted
+    namespace's file has the nsfs device, never the directory's own."""
+    try:
+        st = os.lstat(path(name))
+        return (stat.S_ISREG(st.st_mode) and st.st_size == 0 and not os.path.ismount(path(name))
+                and st.st_dev == os.stat(NETNS_DIR).st_dev)
+    except (OSError, ValueError):
+        return False
+
+
+def remove_bare_placeholder(name: str) -> bool:
+    """Unlink `name` if it is a bare placeholder (see bare_placeholder); True if it was."""
+    if not bare_placeholder(name):
+        return False
+    path(name).unlink(missing_ok=True)
+    return True
 
 
 def attach(name: str, pid: int, note=None) -> None:
