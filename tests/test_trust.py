@@ -179,7 +179,15 @@ def test_the_containers_settings_follow_the_plan(monkeypatch):
         nodes.can_grant(node)
 
 
-def test_plan_lists_the_powerful_lines_and_whether_up_trusts_them(tmp_path):
+def wide_console(monkeypatch):
+    """The CLI's console takes its width from COLUMNS when it is made, at import: a test worker
+    that had COLUMNS=80 then would wrap the titles these tests read."""
+    from labctl.cli import base
+    monkeypatch.setattr(base.out, "width", 200)
+
+
+def test_plan_lists_the_powerful_lines_and_whether_up_trusts_them(tmp_path, monkeypatch):
+    wide_console(monkeypatch)
     f = lab(tmp_path, mode=0o666)
     r = CliRunner().invoke(cli, ["plan", str(f), "--json"])
     assert r.exit_code == 0, r.output
@@ -187,7 +195,7 @@ def test_plan_lists_the_powerful_lines_and_whether_up_trusts_them(tmp_path):
     doc = json.loads(r.output)
     assert [p["what"] for p in doc["powerful"]] == ["exec on the host", "image", "bind"]
     assert doc["trusted"] is False and any("writable by others" in w for w in doc["untrusted_because"])
-    r = CliRunner().invoke(cli, ["plan", str(f)], env={"COLUMNS": "200"})
+    r = CliRunner().invoke(cli, ["plan", str(f)])
     assert "NOT TRUSTED" in r.output and "ip link set lo up" in r.output
 
 
@@ -212,7 +220,8 @@ def test_plan_json_is_replaced_whole(tmp_path):
     assert not list(tmp_path.glob("*.tmp"))
 
 
-def test_plan_lists_privileged_and_added_capabilities(tmp_path):
+def test_plan_lists_privileged_and_added_capabilities(tmp_path, monkeypatch):
+    wide_console(monkeypatch)
     import json
     r = CliRunner().invoke(cli, ["plan", str(lab(tmp_path, PRIV_LAB, mode=0o666)), "--json"])
     assert r.exit_code == 0, r.output
@@ -220,5 +229,5 @@ def test_plan_lists_privileged_and_added_capabilities(tmp_path):
     assert [(p["what"], p["text"]) for p in doc["powerful"]] == [("privileged", "true"), ("capability", "SYS_PTRACE"),
                                                                  ("capability", "NET_RAW")]
     assert {n["name"]: n["container"]["privileged"] for n in doc["nodes"]} == {"a": True, "b": False, "c": False}
-    r = CliRunner().invoke(cli, ["plan", str(tmp_path / "lab.yml")], env={"COLUMNS": "200"})
+    r = CliRunner().invoke(cli, ["plan", str(tmp_path / "lab.yml")])
     assert "privileged" in r.output and "SYS_PTRACE" in r.output and "NOT TRUSTED" in r.output, r.output
