@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the whole test suite as root: installs what is missing first (./install.sh is idempotent).
 # Tests that build labs use their own state directory and lab names starting with "lt".
-#   ./test.sh [PYTEST ARGS]   the suite on this machine's kernel
+#   ./test.sh [PYTEST ARGS]   the suite on this machine's kernel (LABCTL_TEST_WORKERS=1: one worker)
 #   ./test.sh --vm [--smoke]  the VM tier: labctl in a Vagrant VM on Debian's stock kernel (vm/test-vm.sh)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -11,4 +11,17 @@ if [ "${1:-}" = "--vm" ]; then
 fi
 "$here/install.sh"
 cd "$here"
-exec "$here/.venv/bin/python" -m pytest -q -p no:cacheprovider tests "$@"
+# Two parts. First every test without the solo mark, on two workers (pytest-xdist; tests/conftest.py
+# keeps a module, and modules sharing the Docker engine or Mininet, on one worker). Then the solo
+# tests, one at a time: their PFC and ECN react from a user-space controller that a second worker's
+# lab slows past its headroom. Exit status 5 is pytest's "nothing selected" (e.g. -k picked only one part).
+pytest=("$here/.venv/bin/python" -m pytest -q -p no:cacheprovider)
+status=0
+"${pytest[@]}" -n "${LABCTL_TEST_WORKERS:-2}" -m "not solo" tests "$@" || status=$?
+solo=0
+"${pytest[@]}" -m solo tests "$@" || solo=$?
+if [ "$status" -eq 5 ] && [ "$solo" -eq 5 ]; then exit 5; fi
+[ "$status" -eq 5 ] && status=0
+[ "$solo" -eq 5 ] && solo=0
+[ "$status" -ne 0 ] && exit "$status"
+exit "$solo"

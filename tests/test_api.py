@@ -65,7 +65,7 @@ def test_the_api_builds_uses_and_always_removes_a_lab(state_dir, lab_name, tmp_p
 
 @pytest.mark.netns
 @pytest.mark.parametrize("script, args", [("ping_check.py", []), ("allreduce_sweep.py", ["--seeds", "1,4", "--size", "2MB"]),
-                                          ("pfc_compare.py", [])])
+                                          pytest.param("pfc_compare.py", [], marks=pytest.mark.solo)])
 def test_the_examples_run(state_dir, lab_name, tmp_path, script, args):
     require_root()
     extra = ["--out", str(tmp_path / "runs")] if script != "ping_check.py" else []

@@ -95,6 +95,7 @@ def test_a_cut_uplink_reconverges_within_budget_and_comes_back(bgp_lab):
         assert labmod.pingall(plan) == (80, [])
 
 
+@pytest.mark.solo
 def test_pfc_keeps_the_incast_lossless_on_the_bgp_fabric(bgp_lab, tmp_path):
     plan, lab = bgp_lab
     for k in range(3):
