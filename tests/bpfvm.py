@@ -43,18 +43,27 @@ class Skb:
         self.linear = len(frame) if linear is None else linear     # data_end: the rest is in frags
         self.hash: int | None = None
         self.mark = 0                                            # __sk_buff.mark, which tc may write
+        self.pkt_type = 0                                        # PACKET_HOST
+        self.ifindex = 1                                         # the port it arrived on
+        self.priority = 0                                        # which tc may write
+        self.redirected: tuple[int, int] | None = None           # bpf_clone_redirect(ifindex, flags)
+        self.hash_cleared = False                                # bpf_set_hash_invalid()
 
 
 class Vm:
-    def __init__(self, maps: dict[int, object] | None = None, clock=lambda: 0):
+    def __init__(self, maps: dict[int, object] | None = None, clock=lambda: 0, fib=None):
         self.maps = maps or {}
         self.clock = clock
+        self.fib = fib          # bpf_fib_lookup: fib(params: bytearray of 64) -> return code, params filled
 
     def run(self, code: bytes, skb: Skb) -> int:
         insns = [struct.unpack_from("<BBhi", code, k) for k in range(0, len(code), 8)]
         regions = {STACK: bytearray(512), PACKET: bytearray(skb.frame), CTX: bytearray(256)}
         struct.pack_into("<I", regions[CTX], 0, len(skb.frame))
         struct.pack_into("<I", regions[CTX], 8, skb.mark)
+        struct.pack_into("<I", regions[CTX], 4, skb.pkt_type)
+        struct.pack_into("<I", regions[CTX], 32, skb.priority)
+        struct.pack_into("<I", regions[CTX], 40, skb.ifindex)
         struct.pack_into("<I", regions[CTX], 76, PACKET)
         struct.pack_into("<I", regions[CTX], 80, PACKET + skb.linear)
         value_at: dict[int, int] = {}          # address of a map value -> its region
@@ -109,6 +118,20 @@ class Vm:
                 for i in range(n):
                     store(r[3] + i, 1, skb.frame[off + i])
                 return 0
+            if helper == 69:                                 # fib_lookup(skb, params, 64, flags)
+                assert r[3] == 64 and self.fib is not None
+                mem, off = region(r[2], 64)
+                params = bytearray(mem[off:off + 64])
+                rc = self.fib(params)
+                mem[off:off + 64] = params
+                return rc
+            if helper == 13:                                 # clone_redirect(skb, ifindex, flags)
+                skb.redirected = (r[2] & 0xFFFFFFFF, r[3])
+                skb.frame = bytes(regions[PACKET])           # the clone: the packet as it is now
+                return 0
+            if helper == 41:                                 # set_hash_invalid(skb)
+                skb.hash, skb.hash_cleared = None, True
+                return 0
             if helper == 48:                                 # set_hash(skb, hash)
                 skb.hash = r[2] & 0xFFFFFFFF
                 return 0
@@ -161,6 +184,8 @@ class Vm:
                     continue
                 if code == 0x90:
                     skb.mark = struct.unpack_from("<I", regions[CTX], 8)[0]
+                    skb.priority = struct.unpack_from("<I", regions[CTX], 32)[0]
+                    skb.frame = bytes(regions[PACKET])
                     return signed(r[0])
                 a, x = r[dst], (r[src] if op & 0x08 else k)
                 taken = {0x00: True, 0x10: a == x, 0x50: a != x, 0x20: a > x, 0x30: a >= x, 0xA0: a < x,

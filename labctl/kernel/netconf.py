@@ -11,7 +11,7 @@ import os
 import socket
 import time
 
-from labctl.kernel import flowhash, nft, nsutil, rtnl
+from labctl.kernel import fastpath, flowhash, nft, nsutil, rtnl
 from labctl.errors import LabError
 from labctl.plan import qos
 from labctl.plan.model import Interface, Node
@@ -44,6 +44,10 @@ def configure(node: Node, nl: socket.socket, ioctl: socket.socket, extra: list =
     for iface in node.interfaces if program is not None else ():
         for request, what in flowhash.port_requests(iface.index, program, f"{node.name}:{iface.name}"):
             batch.add(request, what)
+    fast = fastpath.load(node)      # a router's forwarding in a tc program (kernel/fastpath.py)
+    for iface in node.interfaces if fast is not None else ():
+        for request, what in fastpath.port_requests(iface.index, fast, f"{node.name}:{iface.name}"):
+            batch.add(request, what)
     batch.add(rtnl.link_up(1), f"{node.name}: bringing up lo")
     if node.bridged:
         mtu = max((i.mtu for i in node.interfaces), default=1500)
@@ -71,8 +75,9 @@ def configure(node: Node, nl: socket.socket, ioctl: socket.socket, extra: list =
     try:
         commit(batch)
     finally:
-        if program is not None:
-            os.close(program)     # the ports' filters hold the program now
+        for fd in (program, fast):
+            if fd is not None:
+                os.close(fd)      # the ports' filters hold the programs now
 
 
 def add_shaping(batch: rtnl.Batch, node: Node, iface: Interface) -> None:

@@ -1,0 +1,106 @@
+"""The forwarding fast path in the kernel (kernel/fastpath.py): the bundled lab's traffic crosses its
+routers in their tc programs, not their IP stacks, and the slow path, run on the same workload,
+counts the same bytes, ECN marks and pause frames at the same ports, with nothing lost.
+
+Every other test runs on the fast path too (it is the default); this module is the tier that holds
+both paths to one another."""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from conftest import require_root
+from labctl import state
+from labctl.kernel import fastpath, nsutil
+from labctl.traffic.run import run_workload
+from labctl.traffic.workload import load_workload
+
+ROOT = Path(__file__).resolve().parents[1]
+LEAF_SPINE = ROOT / "topologies" / "leaf-spine.yml"
+INCAST = ROOT / "workloads" / "incast.yml"
+RUNS = 3                     # incast runs summed per path: marks and pauses are counts of a race
+TOLERANCE = 0.05
+pytestmark = pytest.mark.netns
+
+
+def kernel_forwarded(namespace: str) -> int:
+    """The IP stack's ForwDatagrams in a namespace (/proc/net/snmp as its own threads see it)."""
+    with nsutil.entered(namespace):
+        with open("/proc/thread-self/net/snmp") as f:
+            head, values = [line.split() for line in f if line.startswith("Ip:")][:2]
+    return int(values[head.index("ForwDatagrams")])
+
+
+def routers(plan):
+    return [n for n in plan.nodes if fastpath.eligible(n)]
+
+
+def test_the_bundled_all_reduce_crosses_the_routers_in_their_programs(built_lab, tmp_path):
+    require_root()
+    plan = built_lab(LEAF_SPINE)
+    assert routers(plan), "the bundled lab has routers"
+    before = {n.name: kernel_forwarded(n.namespace) for n in routers(plan)}
+    spec = tmp_path / "allreduce.yml"
+    spec.write_text("name: allreduce\ncollective: all_reduce\nsizes: [4MB]\nparticipants: all\n")
+    doc = run_workload(plan, state.lab_dir(plan.lab), load_workload(spec), tmp_path / "run")
+    (r,) = doc["results"]
+    assert r["wrong"] == 0 and doc["loss_ledger"]["total"] == 0, (r, doc["loss_ledger"])
+    fast = {n.name: fastpath.forwarded(n) for n in routers(plan)}
+    slow = {n.name: kernel_forwarded(n.namespace) - before[n.name] for n in routers(plan)}
+    assert all(v is not None for v in fast.values()), fast
+    # every leaf and spine carried the ring's fabric hops, all of them in its program: what the
+    # kernel forwarded is at most the odd ICMP or a packet whose neighbour was not resolved yet
+    assert all(fast[n] > 1000 for n in fast), fast
+    assert sum(slow.values()) <= 0.001 * sum(fast.values()), (slow, fast)
+    check = doc["fabric_bytes_check"]
+    measured, expected = doc["fabric_bytes"]["scaleout"], doc["fabric_bytes_expected"]["scaleout"]
+    assert abs(measured / expected - 1) < 0.01, (measured, expected, check)
+
+
+def totals(queues_csv: Path) -> dict[str, int]:
+    """What the run added to every port and class: bytes sent, ECN marks, pause frames, drops in a
+    lossless class (queues.csv holds the counters as read from the kernel, first and last row)."""
+    first: dict[tuple, dict] = {}
+    last: dict[tuple, dict] = {}
+    with open(queues_csv) as f:
+        for row in csv.DictReader(f):
+            key = (row["node"], row["port"], row["tc"])
+            first.setdefault(key, row)
+            last[key] = row
+    out = {"sent_bytes": 0, "ecn_marked": 0, "pfc_tx": 0, "drops": 0}
+    for key, row in last.items():
+        for field in out:
+            out[field] += int(row[field]) - int(first[key][field])
+    return out
+
+
+def incast_counters(built_lab, tmp_path, monkeypatch, path: str) -> dict[str, int]:
+    monkeypatch.setenv(fastpath.ENV, path)
+    plan = built_lab(LEAF_SPINE, name=f"fp{path}")
+    on_fast_path = [fastpath.forwarded(n) is not None for n in routers(plan)]
+    assert all(on_fast_path) if path == "fast" else not any(on_fast_path)
+    sums = {"sent_bytes": 0, "ecn_marked": 0, "pfc_tx": 0, "drops": 0}
+    for k in range(RUNS):
+        out = tmp_path / f"{path}{k}"
+        doc = run_workload(plan, state.lab_dir(plan.lab), load_workload(INCAST), out)
+        (r,) = doc["results"]
+        assert r["wrong"] == 0 and doc["loss_ledger"]["lossless_drops"] == 0, (path, k, doc["loss_ledger"])
+        for field, value in totals(out / "queues.csv").items():
+            sums[field] += value
+    from labctl import lifecycle
+    lifecycle.down(plan.lab)
+    return sums
+
+
+def test_fast_and_slow_paths_count_the_same_bytes_marks_and_pauses_on_the_incast(built_lab, tmp_path,
+                                                                                 monkeypatch):
+    require_root()
+    fast = incast_counters(built_lab, tmp_path, monkeypatch, "fast")
+    slow = incast_counters(built_lab, tmp_path, monkeypatch, "slow")
+    print(f"fast {fast}\nslow {slow}")
+    assert fast["drops"] == slow["drops"] == 0, (fast, slow)
+    for field in ("sent_bytes", "ecn_marked", "pfc_tx"):
+        assert slow[field] > 0, (field, slow)
+        assert abs(fast[field] / slow[field] - 1) <= TOLERANCE, (field, fast, slow)
