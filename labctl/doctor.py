@@ -192,6 +192,7 @@ def features(k: dict[str, bool]) -> list[dict]:
         {"feature": "shaping", "mechanism": "HTB class at the dilated link rate, burst 1 ms, bfifo leaf",
          "status": "in use" if k.get("htb") and k.get("bfifo") else "MISSING: labctl cannot shape"},
         _ecmp(k),
+        _forwarding(),
         {"feature": "RoCEv2 traffic", "mechanism": "agents in GPU namespaces: UDP 4791 sockets, "
                                                   + ("GSO sends cut into frames at the host veth" if
                                                      k.get("udp_gso_no_csum", True) else
@@ -267,14 +268,60 @@ def _ecmp(k: dict[str, bool]) -> dict:
                                                 f"(fib_multipath_hash_policy=1; {why}): the same draw on every "
                                                 "boot and kernel", "status": "in use" if k.get("bpf_flow_hash", True)
                 else f"FAILED: the program did not load here; set {flowhash.ENV}=kernel"}
+    from labctl.kernel import fastpath
+    fast = fastpath.mode() != "slow" and fastpath.available()
+    five = ("each packet's 5-tuple (fib_multipath_hash_policy=1 on fast-path routers, whose program clears a "
+            "packet's own hash before the stack sees it, so a FIB lookup and a forwarded packet hash alike)"
+            if fast else "each packet's 5-tuple (fib_multipath_hash_policy=3)")
     return {"feature": "ECMP", "mechanism": "multipath routes hashing "
-                                            + ("each packet's 5-tuple (fib_multipath_hash_policy=3)" if
+                                            + (five if
                                                k.get("hash_fields", True) else "L4 (policy 1: a local TCP "
                                                "socket's random hash picks its path)")
                                             + (", fixed seed" if k.get("hash_seed", True) else
                                                f", seed random per boot (no fib_multipath_hash_seed; {flowhash.ENV}"
                                                "=bpf fixes it)"),
             "status": "in use"}
+
+
+def _forwarding() -> dict:
+    from labctl.kernel import fastpath
+    wanted = fastpath.mode()
+    slow = ("the routers' IP stacks (ip_forward; DSCP to class and ECN marking in the nftables "
+            "forward hook)")
+    if wanted == "slow":
+        return {"feature": "forwarding", "mechanism": f"{slow}; {fastpath.ENV}=slow", "status": "in use"}
+    mechanism = ("fast path: a tc BPF program on each router port's ingress (bpf_fib_lookup, the class from "
+                 "DSCP, TTL, out through the egress port's qdiscs); ICMP, IP options, fragments and packets "
+                 "of an ECN-marking class take " + slow + "; routers with an lb: mode or te: marks keep the "
+                 "slow path")
+    if fastpath.available():
+        return {"feature": "forwarding", "mechanism": mechanism, "status": "in use"}
+    return {"feature": "forwarding", "mechanism": slow,
+            "status": "in use" if wanted == "auto" else f"FAILED: the program did not load here; unset {fastpath.ENV}"}
+
+
+def lab_paths() -> list[dict]:
+    """For each lab that is up: its routers on the fast path and on the slow path, read from the
+    ports (the program attached or not), not from what `up` meant to do."""
+    from labctl import state
+    from labctl.kernel import fastpath
+    from labctl.lifecycle.labs import load_plan
+    out = []
+    for d in state.all_labs():
+        try:
+            plan = load_plan(d)
+        except Exception as exc:         # a half-built or foreign record: say so, do not stop the report
+            out.append({"lab": d.name, "error": str(exc)})
+            continue
+        fast, slow = [], []
+        for node in plan.nodes:
+            if node.forwarding and not node.bridged:
+                try:
+                    (fast if fastpath.forwarded(node) is not None else slow).append(node.name)
+                except OSError:
+                    slow.append(node.name)
+        out.append({"lab": d.name, "fast_path": fast, "slow_path": slow})
+    return out
 
 
 def _queue_reads(k: dict[str, bool]) -> dict:
@@ -322,4 +369,5 @@ def run() -> dict:
                    for n in ("veth", *QDISCS, "nftables", "esp")],
         "tools": [{"name": t, "present": shutil.which(t) is not None, "note": why} for t, why in TOOLS],
         "features": features(kernel),
+        "labs": lab_paths() if root else [],
     }

@@ -153,6 +153,11 @@ def test_doctor_finds_what_this_kernel_has_and_leaves_nothing(state_dir):
     ecmp = next(f for f in json.loads(forced.stdout)["features"] if f["feature"] == "ECMP")
     assert "tc BPF program" in ecmp["mechanism"] and "LABCTL_ECMP_HASH=bpf" in ecmp["mechanism"]
     assert ecmp["status"] == "in use"
+    forwarding = features["forwarding"]
+    assert "bpf_fib_lookup" in forwarding["mechanism"] and forwarding["status"] == "in use"
+    slow = labctl("doctor", "--json", env={**os.environ, "LABCTL_FORWARDING": "slow"})
+    forwarding = next(f for f in json.loads(slow.stdout)["features"] if f["feature"] == "forwarding")
+    assert "LABCTL_FORWARDING=slow" in forwarding["mechanism"] and "bpf_fib_lookup" not in forwarding["mechanism"]
     assert set(lab_namespaces("")) == before
 
 

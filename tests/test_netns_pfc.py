@@ -53,7 +53,12 @@ def test_lossless_incast_loses_nothing_and_pauses_agree_at_both_ends(built_lab, 
     pcap = tmp_path / "spine1-leaf1.pcap"
     cap = subprocess.Popen(["ip", "netns", "exec", spine1.namespace, "tcpdump", "-i", "leaf1", "-U", "-w", str(pcap),
                             "ether proto 0x8808"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(1.0)
+    # tcpdump writes the file's header once its capture is open: from then on it sees every frame
+    # (a fixed sleep missed the first pauses while the machine was busy starting it)
+    deadline = time.monotonic() + 30
+    while not (pcap.exists() and pcap.stat().st_size >= 24) and time.monotonic() < deadline:
+        assert cap.poll() is None, "tcpdump exited"
+        time.sleep(0.05)
     try:
         doc = incast(plan, tmp_path)
     finally:

@@ -126,6 +126,13 @@ def doctor(as_json):
     for f in report["features"]:
         t.add_row(f["feature"], f["mechanism"], f["status"])
     out.print(t)
+    for lab in report.get("labs", []):
+        if "error" in lab:
+            out.print(f"lab {lab['lab']}: [yellow]{lab['error']}[/]")
+            continue
+        fast, slow = lab["fast_path"], lab["slow_path"]
+        out.print(f"lab {lab['lab']}: {len(fast)} routers forward on the fast path"
+                  + (f", {len(slow)} on the slow path ({', '.join(slow)})" if slow else ""))
     if not report["root"]:
         out.print("[yellow]not root:[/] kernel probes were skipped; run `sudo labctl doctor`")
 
