@@ -268,13 +268,8 @@ def _ecmp(k: dict[str, bool]) -> dict:
                                                 f"(fib_multipath_hash_policy=1; {why}): the same draw on every "
                                                 "boot and kernel", "status": "in use" if k.get("bpf_flow_hash", True)
                 else f"FAILED: the program did not load here; set {flowhash.ENV}=kernel"}
-    from labctl.kernel import fastpath
-    fast = fastpath.mode() != "slow" and fastpath.available()
-    five = ("each packet's 5-tuple (fib_multipath_hash_policy=1 on fast-path routers, whose program clears a "
-            "packet's own hash before the stack sees it, so a FIB lookup and a forwarded packet hash alike)"
-            if fast else "each packet's 5-tuple (fib_multipath_hash_policy=3)")
     return {"feature": "ECMP", "mechanism": "multipath routes hashing "
-                                            + (five if
+                                            + ("each packet's 5-tuple (fib_multipath_hash_policy=3)" if
                                                k.get("hash_fields", True) else "L4 (policy 1: a local TCP "
                                                "socket's random hash picks its path)")
                                             + (", fixed seed" if k.get("hash_seed", True) else
@@ -291,9 +286,9 @@ def _forwarding() -> dict:
     if wanted == "slow":
         return {"feature": "forwarding", "mechanism": f"{slow}; {fastpath.ENV}=slow", "status": "in use"}
     mechanism = ("fast path: a tc BPF program on each router port's ingress (bpf_fib_lookup, the class from "
-                 "DSCP, TTL, out through the egress port's qdiscs); ICMP, IP options, fragments and packets "
-                 "of an ECN-marking class take " + slow + "; routers with an lb: mode or te: marks keep the "
-                 "slow path")
+                 "DSCP, ECN marking, TTL, out through the egress port's qdiscs); destinations with several "
+                 "next hops (the kernel's hash picks), ICMP, IP options and fragments take " + slow +
+                 "; routers with an lb: mode, te: marks, FRR or exec: lines keep the slow path")
     if fastpath.available():
         return {"feature": "forwarding", "mechanism": mechanism, "status": "in use"}
     return {"feature": "forwarding", "mechanism": slow,

@@ -35,6 +35,23 @@ class HashMap:
         self.values[bytes(key)] = bytearray(value)
 
 
+class LpmMap:
+    """BPF_MAP_TYPE_LPM_TRIE over IPv4: keys are a u32 prefix length then the address."""
+    key_size = 8
+
+    def __init__(self, prefixes: list[str] = ()):
+        import ipaddress
+        self.nets = [ipaddress.ip_network(p, strict=False) for p in prefixes]
+        self.value = bytearray(b"\1")
+
+    def get(self, key: bytes) -> bytearray | None:
+        import ipaddress
+        length = struct.unpack_from("<I", key)[0]
+        addr = ipaddress.ip_address(bytes(key[4:8]))
+        found = [n for n in self.nets if n.prefixlen <= length and addr in n]
+        return self.value if found else None
+
+
 class Skb:
     """What the program sees: the frame from its Ethernet header, and __sk_buff's fields."""
 
@@ -51,9 +68,10 @@ class Skb:
 
 
 class Vm:
-    def __init__(self, maps: dict[int, object] | None = None, clock=lambda: 0, fib=None):
+    def __init__(self, maps: dict[int, object] | None = None, clock=lambda: 0, fib=None, prandom=lambda: 0):
         self.maps = maps or {}
         self.clock = clock
+        self.prandom = prandom
         self.fib = fib          # bpf_fib_lookup: fib(params: bytearray of 64) -> return code, params filled
 
     def run(self, code: bytes, skb: Skb) -> int:
@@ -102,13 +120,17 @@ class Vm:
         def call(helper: int) -> int:
             if helper == 1:                                  # map_lookup_elem(map, key)
                 m = self.maps[r[1]]
-                return value_address(m, bytes(region(r[2], 4)[0][region(r[2], 4)[1]:region(r[2], 4)[1] + 4]))
+                size = getattr(m, "key_size", 4)
+                mem, off = region(r[2], size)
+                return value_address(m, bytes(mem[off:off + size]))
             if helper == 2:                                  # map_update_elem(map, key, value, flags)
                 m = self.maps[r[1]]
                 kmem, koff = region(r[2], 4)
                 vmem, voff = region(r[3], m.value_size)
                 m.put(bytes(kmem[koff:koff + 4]), bytes(vmem[voff:voff + m.value_size]))
                 return 0
+            if helper == 7:                                  # get_prandom_u32()
+                return self.prandom() & 0xFFFFFFFF
             if helper == 5:                                  # ktime_get_ns()
                 return self.clock()
             if helper == 26:                                 # skb_load_bytes(skb, offset, to, len)

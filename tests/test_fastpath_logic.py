@@ -13,9 +13,9 @@ from scapy.layers.l2 import ARP, Ether
 
 from labctl.errors import LabError
 from labctl.kernel import fastpath
-from tests.bpfvm import ArrayMap, HashMap, Skb, Vm
+from tests.bpfvm import ArrayMap, LpmMap, Skb, Vm
 
-MARKING, COUNT = 5, 6
+MARKING, COUNT, MULTIPATH = 5, 6, 7
 PORTS = [2, 3, 4]
 CLASSES = {26: (3, 0x10013), 48: (6, 0x10016)}
 SMAC, DMAC = bytes.fromhex("02000000aa01"), bytes.fromhex("02000000bb02")
@@ -36,14 +36,24 @@ class Fib:
 
 
 def run(frame: bytes, fib: Fib | None = None, marking: dict | None = None, pkt_type: int = 0,
-        classes=CLASSES) -> tuple[int, Skb, dict]:
-    maps = {MARKING: HashMap(4), COUNT: ArrayMap(1, 8)}
-    for key, on in (marking or {}).items():
-        maps[MARKING].put(struct.pack("=I", key), struct.pack("=I", on))
+        classes=CLASSES, draw: int = 0, multipath=("10.9.0.0/16", "10.2.0.16/31")) -> tuple[int, Skb, dict]:
+    """`marking`: {(port ifindex, tc): n}; `draw`: what bpf_get_prandom_u32() answers; `multipath`:
+    the router's destinations with several next hops."""
+    maps = {MARKING: ArrayMap(len(PORTS) * fastpath.CLASSES, fastpath.SLOT_SIZE), COUNT: ArrayMap(1, 8),
+            MULTIPATH: LpmMap(multipath)}
+    for (ifindex, tc), n in (marking or {}).items():
+        key = PORTS.index(ifindex) * fastpath.CLASSES + tc
+        maps[MARKING].put(struct.pack("<I", key), struct.pack("=IIQ", n, 0, 0))
     skb = Skb(frame)
     skb.pkt_type, skb.ifindex = pkt_type, 2
-    rc = Vm(maps, fib=fib or Fib()).run(fastpath.program(PORTS, classes, MARKING, COUNT), skb)
+    vm = Vm(maps, fib=fib or Fib(), prandom=lambda: draw)
+    rc = vm.run(fastpath.program(PORTS, classes, MARKING, COUNT, MULTIPATH), skb)
     return rc, skb, maps
+
+
+def marks(maps: dict, ifindex: int, tc: int) -> int:
+    key = PORTS.index(ifindex) * fastpath.CLASSES + tc
+    return struct.unpack_from("=Q", maps[MARKING].values[key], 8)[0]
 
 
 def udp(ttl: int = 64, tos: int = 0, **ip) -> bytes:
@@ -85,23 +95,53 @@ def test_a_dscp_no_class_names_keeps_its_priority_and_still_takes_the_fast_path(
     ("no neighbour yet", udp(), Fib(rc=7), 0),
     ("not forwarded (local)", udp(), Fib(rc=4), 0),
     ("an egress port that is not the lab's", udp(), Fib(oif=9), 0),
+    ("a destination with several next hops", bytes(Ether() / IP(dst="10.2.0.17") / UDP()), Fib(), 0),
+    ("inside a multipath prefix", bytes(Ether() / IP(dst="10.9.3.4") / UDP()), Fib(), 0),
 ])
 def test_what_the_program_does_not_handle_goes_up_the_stack_untouched_without_a_hash(why, frame, fib, pkt_type):
     rc, skb, maps = run(frame, fib, pkt_type=pkt_type)
     assert rc == -1, why
     assert skb.frame == frame and skb.redirected is None and skb.priority == 0
-    assert skb.hash_cleared                                 # the kernel re-hashes it as the FIB lookup would
     assert struct.unpack("=Q", maps[COUNT].values[0])[0] == 0
 
 
-def test_an_ecn_capable_packet_of_a_marking_class_goes_to_nftables_and_the_rest_stays_fast():
-    marking = {fastpath.marking_key(3, 3): 1}
-    assert run(udp(tos=26 << 2 | 2), marking=marking)[0] == -1          # ECT(0), class 3 marking on port 3
-    assert run(udp(tos=26 << 2 | 3), marking=marking)[0] == -1          # CE already: nftables counts it too
-    assert run(udp(tos=26 << 2), marking=marking)[0] == 4               # not ECN-capable: never marked
-    assert run(udp(tos=48 << 2 | 2), marking=marking)[0] == 4           # another class
-    assert run(udp(tos=26 << 2 | 2), marking={fastpath.marking_key(3, 3): 0})[0] == 4   # flag cleared
-    assert run(udp(tos=26 << 2 | 2), Fib(oif=4), marking=marking)[0] == 4               # another port
+def test_an_ecn_capable_packet_of_a_marking_class_becomes_ce_with_the_slot_s_probability():
+    always = {(3, 3): 65536}
+    for ect in (2, 1):                                               # ECT(0), ECT(1)
+        rc, skb, maps = run(udp(tos=26 << 2 | ect), marking=always, draw=0xFFFFFFFF)
+        assert rc == 4 and skb.frame[15] == 26 << 2 | 3, ect         # CE, the DSCP kept
+        assert _ones_sum(skb.frame[14:34]) == 0xFFFF and marks(maps, 3, 3) == 1
+    rc, skb, maps = run(udp(tos=26 << 2 | 3), marking=always)        # CE already: as nftables, not counted
+    assert rc == 4 and skb.frame[15] == 26 << 2 | 3 and marks(maps, 3, 3) == 0
+    rc, skb, maps = run(udp(tos=26 << 2), marking=always)            # not ECN-capable: never marked
+    assert skb.frame[15] == 26 << 2 and marks(maps, 3, 3) == 0
+    for n, draw, marked in ((0, 0, False), (32768, 0x1234_7FFF, True), (32768, 0x0000_8000, False),
+                            (1, 0xFFFF_0000, True), (1, 1, False)):
+        rc, skb, maps = run(udp(tos=26 << 2 | 2), marking={(3, 3): n}, draw=draw)
+        assert rc == 4 and (skb.frame[15] & 3 == 3) == marked and marks(maps, 3, 3) == int(marked), (n, draw)
+    # another class, another port: their own slots
+    assert run(udp(tos=48 << 2 | 2), marking=always)[1].frame[15] & 3 == 2
+    assert run(udp(tos=26 << 2 | 2), Fib(oif=4), marking=always)[1].frame[15] & 3 == 2
+
+
+def _kernel_set_ce(check_be: int, tos: int) -> int:
+    """IP_ECN_set_ce() on a little-endian CPU (include/net/inet_ecn.h)."""
+    ecn = (tos + 1) & 3
+    native = struct.unpack("<H", struct.pack("!H", check_be))[0]
+    native += struct.unpack("<H", struct.pack("!H", 0xFFFB))[0] + struct.unpack("<H", struct.pack("!H", ecn))[0]
+    native = (native + (native >= 0xFFFF)) & 0xFFFF
+    return struct.unpack("!H", struct.pack("<H", native))[0]
+
+
+def test_the_ce_checksum_update_is_the_kernel_s_for_every_checksum_value():
+    for ect in (1, 2):
+        for check in [c for c in range(0x10000) if c % 97 == 0 or c < 0x10 or c >= 0xFF00]:
+            frame = bytearray(udp(tos=26 << 2 | ect))
+            struct.pack_into("!H", frame, 14 + 10, check)
+            _, skb, _ = run(bytes(frame), marking={(3, 3): 65536})
+            # the program marks, then lowers the TTL: the kernel's two updates in that order
+            want = _kernel_decrease_ttl(_kernel_set_ce(check, ect))
+            assert struct.unpack_from("!H", skb.frame, 24)[0] == want, (ect, hex(check))
 
 
 def _ones_sum(header: bytes) -> int:
@@ -147,31 +187,28 @@ def test_the_mode_is_checked(monkeypatch):
 def _plan():
     from labctl.plan.compile import compile_plan
     from labctl.topology import sources
-    return compile_plan(sources.load("topologies/leaf-spine.yml", [], [], None, None, None), "poll")
+    return compile_plan(sources.load("topologies/leaf-spine.yml"), "poll")
 
 
-def test_fast_path_routers_hash_with_policy_1_and_the_slow_path_keeps_the_custom_policy(monkeypatch):
-    monkeypatch.setattr(fastpath, "_AVAILABLE", [True])
-    monkeypatch.delenv(fastpath.ENV, raising=False)
-    plan = _plan()
-    fastpath.adopt(plan)
-    routers = [n for n in plan.nodes if fastpath.eligible(n)]
-    assert {n.name for n in routers} >= {"leaf1", "spine1"}
-    for n in routers:
-        assert n.sysctls["net.ipv4.fib_multipath_hash_policy"] == "1"
-        assert "net.ipv4.fib_multipath_hash_fields" not in n.sysctls
-        assert n.sysctls["net.ipv4.fib_multipath_hash_seed"] == "1"
-    monkeypatch.setenv(fastpath.ENV, "slow")
-    plan = _plan()
-    fastpath.adopt(plan)
-    assert all(n.sysctls["net.ipv4.fib_multipath_hash_policy"] == "3" for n in plan.nodes if fastpath.eligible(n))
+def test_a_routers_multipath_destinations_are_the_plan_s_routes_with_several_next_hops():
+    leaf = _plan().node("leaf1")
+    multipath = [r.dst for r in leaf.routes if len(r.nexthops) > 1]
+    assert multipath and len(multipath) < len(leaf.routes)         # up to the spines; down to its hosts
+    maps = LpmMap(multipath)
+    for r in leaf.routes:
+        addr = r.dst.split("/")[0]
+        key = struct.pack("<I", 32) + bytes(int(b) for b in addr.split("."))
+        assert (maps.get(key) is not None) == (len(r.nexthops) > 1), r.dst
 
 
-def test_hosts_bridges_and_routers_with_labctl_s_own_hash_keep_the_slow_path(monkeypatch):
+def test_hosts_bridges_frr_exec_and_routers_with_labctl_s_own_hash_keep_the_slow_path():
     plan = _plan()
     hosts = [n for n in plan.nodes if not n.forwarding]
     assert hosts and not any(fastpath.eligible(n) for n in hosts)
-    leaf = next(n for n in plan.nodes if n.name == "leaf1")
+    leaf = plan.node("leaf1")
+    assert fastpath.eligible(leaf)
+    from dataclasses import replace
     from labctl.plan.flowhash import FlowHash
-    leaf.flow_hash = FlowHash(l4=True, seed=1)
-    assert not fastpath.eligible(leaf)
+    assert not fastpath.eligible(replace(leaf, flow_hash=FlowHash(l4=True, seed=1)))
+    assert not fastpath.eligible(replace(leaf, static_routes=False))
+    assert not fastpath.eligible(replace(leaf, exec=[["ip", "route", "add", "10.0.0.0/8", "via", "10.1.0.1"]]))

@@ -19,13 +19,12 @@ itself touches no file: helpers.Publisher does, on a thread of its own.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from collections import deque
 from pathlib import Path
 
-from labctl.kernel import fastpath, nsutil, rtnl
+from labctl.kernel import nsutil, rtnl
 from labctl.dataplane import arrivals, control, ecn, pfc, pfcport, switch
 from labctl.dataplane.switch import Switch
 from labctl.plan import qos
@@ -132,7 +131,7 @@ class Controller:
         pfcport.close_all([p.sock for p in self.pfc_ports] + self.kick_socks)
         for sw in self.switches:
             if sw.fast_marking is not None:
-                os.close(sw.fast_marking)
+                sw.fast_marking.close()
                 sw.fast_marking = None
         if self.bounds is not None:
             self.bounds.close()
@@ -197,13 +196,11 @@ class Controller:
                 n = ecn.level(backlog, st.kmin, st.kmax, st.pmax, sw.marking[(key[0], tc)]) if st.ecn else 0
                 if n != sw.marking[(key[0], tc)]:
                     t = time.monotonic()
-                    # the fast path sends a marking class's ECN-capable packets up to nftables:
-                    # flagged before the rule marks, cleared once it no longer does
-                    if sw.fast_marking is not None and n:
-                        fastpath.set_marking(sw.fast_marking, key[0], tc, True)
+                    # a fast-path router marks what its program forwards (n into its slot, through
+                    # memory) and nftables what takes its IP stack (a multipath destination)
+                    if sw.fast_marking is not None:
+                        sw.fast_marking.set(key[0], tc, n)
                     sw.nft.run(ecn.chain_rules(key[0], tc, n, sw.family))
-                    if sw.fast_marking is not None and not n:
-                        fastpath.set_marking(sw.fast_marking, key[0], tc, False)
                     sw.marking[(key[0], tc)] = n
                     self.slow.note("ecn rule", sw.node.name, t)
                 if st.ecn:

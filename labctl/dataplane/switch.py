@@ -2,7 +2,6 @@
 lossless queues, the one request that reads their backlogs, and who feeds each port."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 from labctl.dataplane import ecn, pfcport
@@ -40,7 +39,7 @@ class Switch:
     stateful: set = field(default_factory=set)    # queues marking or past XOFF
     place: dict = field(default_factory=dict)     # queue -> its place in the switch's request
     kick_sock: object = None                      # pfcport.kick_socket of a node with lossless classes
-    fast_marking: int | None = None               # the fast path's marking flags (kernel/fastpath.py)
+    fast_marking: object = None                   # fastpath.Marking: the router's program marks
 
 
 def served(plan: LabPlan) -> list[tuple[Node, list, list]]:
@@ -67,10 +66,7 @@ def open_switch(plan: LabPlan, node: Node, lossless: list, ports: list, nft: Nft
                 family=nft_family(node), kick_sock=kick_sock)
     if ports:
         sw.nft.run(ecn.setup_rules(ports, sw.family))
-        found = fastpath.maps(sock, node) if fastpath.eligible(node) else {}
-        sw.fast_marking = found.pop(fastpath.MARKING_MAP, None)
-        for fd in found.values():
-            os.close(fd)
+        sw.fast_marking = fastpath.open_marking(sock, node, writable=True)
     for ifindex, tc, _ in ports:
         sw.ecn_ports[(ifindex, (qos.leaf_handle(tc) >> 16))] = (tc, settings(node.name, ifindex, tc))
         sw.marking[(ifindex, tc)] = 0

@@ -21,7 +21,8 @@ _BPF_SYSCALL = {"x86_64": 321, "aarch64": 280}
 BPF_MAP_CREATE, BPF_MAP_LOOKUP_ELEM, BPF_MAP_UPDATE_ELEM, BPF_MAP_GET_NEXT_KEY, BPF_PROG_LOAD = 0, 1, 2, 4, 5
 BPF_PROG_GET_FD_BY_ID, BPF_MAP_GET_FD_BY_ID, BPF_OBJ_GET_INFO_BY_FD = 13, 14, 15
 BPF_PROG_TYPE_SCHED_CLS = 3
-BPF_MAP_TYPE_HASH, BPF_MAP_TYPE_ARRAY, BPF_MAP_TYPE_LRU_HASH = 1, 2, 9
+BPF_MAP_TYPE_HASH, BPF_MAP_TYPE_ARRAY, BPF_MAP_TYPE_LRU_HASH, BPF_MAP_TYPE_LPM_TRIE = 1, 2, 9, 11
+BPF_F_NO_PREALLOC = 1
 BPF_F_MMAPABLE = 1 << 10
 BPF_PSEUDO_MAP_FD = 1
 ATTR_SIZE = 128
@@ -31,7 +32,7 @@ SKB_LEN, SKB_PKT_TYPE, SKB_PRIORITY, SKB_IFINDEX, SKB_DATA, SKB_DATA_END = 0, 4,
 # helpers
 BPF_FUNC_MAP_LOOKUP_ELEM, BPF_FUNC_MAP_UPDATE_ELEM, BPF_FUNC_KTIME_GET_NS = 1, 2, 5
 BPF_FUNC_SKB_LOAD_BYTES, BPF_FUNC_SET_HASH = 26, 48
-BPF_FUNC_CLONE_REDIRECT, BPF_FUNC_SET_HASH_INVALID, BPF_FUNC_FIB_LOOKUP = 13, 41, 69
+BPF_FUNC_GET_PRANDOM_U32, BPF_FUNC_CLONE_REDIRECT, BPF_FUNC_SET_HASH_INVALID, BPF_FUNC_FIB_LOOKUP = 7, 13, 41, 69
 BPF_ANY = 0
 TC_ACT_UNSPEC = -1          # let the port's next filter (if any) classify as it would have
 TC_ACT_SHOT, TC_ACT_STOLEN = 2, 4     # dropped (and counted so); consumed by the program, no drop
@@ -39,14 +40,14 @@ TC_ACT_SHOT, TC_ACT_STOLEN = 2, 4     # dropped (and counted so); consumed by th
 # opcodes (linux/bpf_common.h): 64-bit ALU with an immediate (K) or a register (X), loads, jumps
 MOV_X, MOV_K, ADD_X, ADD_K, SUB_X, SUB_K, AND_K, OR_X, XOR_X, MUL_X, MUL_K, MOD_K, LSH_K, RSH_K, NEG = \
     0xBF, 0xB7, 0x0F, 0x07, 0x1F, 0x17, 0x57, 0x4F, 0xAF, 0x2F, 0x27, 0x97, 0x67, 0x77, 0x87
-AND_X = 0x5F
+AND_X, OR_K = 0x5F, 0x47
 MOV32_X = 0xBC                              # 32-bit move: the upper half cleared
 BE = 0xDC                                   # to network order (a no-op on a big-endian CPU)
 LDX_DW, LDX_W, LDX_H, LDX_B = 0x79, 0x61, 0x69, 0x71
 STX_DW, STX_W, STX_H, STX_B = 0x7B, 0x63, 0x6B, 0x73
 ATOMIC_ADD_DW = 0xDB                        # BPF_STX | BPF_ATOMIC | BPF_DW with imm BPF_ADD: lock xadd
 JA, JEQ_K, JNE_K, JGT_K, JGE_K, JLT_K, JGT_X, CALL, EXIT = 0x05, 0x15, 0x55, 0x25, 0x35, 0xA5, 0x2D, 0x85, 0x95
-JNE_X, JSGT_X = 0x5D, 0x6D
+JNE_X, JSGT_X, JGE_X = 0x5D, 0x6D, 0x3D
 ARSH_K = 0xC7
 R0, R1, R2, R3, R4, R5, R6, R7, R8, R9, R10 = range(11)
 
@@ -153,9 +154,9 @@ def array_map(entries: int, value_size: int, name: str, mmapable: bool = False) 
     return _map(BPF_MAP_TYPE_ARRAY, 4, value_size, entries, name, BPF_F_MMAPABLE if mmapable else 0)
 
 
-def hash_map(entries: int, key_size: int, value_size: int, name: str) -> int:
-    """A hash map of at most `entries` keys."""
-    return _map(BPF_MAP_TYPE_HASH, key_size, value_size, entries, name)
+def lpm_map(entries: int, address_bytes: int, value_size: int, name: str) -> int:
+    """A longest-prefix-match trie: keys are a u32 prefix length then the address (Linux 4.11)."""
+    return _map(BPF_MAP_TYPE_LPM_TRIE, 4 + address_bytes, value_size, entries, name, BPF_F_NO_PREALLOC)
 
 
 def lru_map(entries: int, key_size: int, value_size: int, name: str) -> int:

@@ -165,6 +165,8 @@ def replace_routes(node: Node, old: list, new: list, table: int = rtnl.RT_TABLE_
     # a port that went down took its routes with it: the kernel flushed them, which is what we wanted
     requests += [(rtnl.route_del(dst, table), f"{node.name}: delete route {dst}", (errno.ESRCH,))
                  for dst in before.keys() - after.keys()]
+    if table == rtnl.RT_TABLE_MAIN:     # before the routes: a new multipath one is never fast-pathed
+        fastpath.note_multipath(node, new)
     return commit_in(node.namespace, requests) if requests else 0
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labctl import backends, helpers, state
-from labctl.kernel import fastpath, flowhash, lb
+from labctl.kernel import flowhash, lb
 from labctl.dataplane import arrivals
 from labctl.errors import InputError, Where
 from labctl.backends.base import own_namespaces, refuse_taken_namespaces
@@ -38,7 +38,6 @@ def plan_for(loaded: Loaded, backend: str = "netns", build_images: bool = True, 
     plan = compile_plan(loaded, arrivals.choose())
     trust_model.require(loaded, trust)
     flowhash.adopt(plan, loaded.topology.routing.hash_policy, loaded.topology.routing.hash_seed)
-    fastpath.adopt(plan)
     builder = backends.get(backend)
     builder.build_images = build_images
     for node in plan.nodes:

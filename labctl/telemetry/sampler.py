@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from labctl import procs
-from labctl.kernel import nsutil, rtnl
+from labctl.kernel import fastpath, nsutil, rtnl
 from labctl.plan import qos
 from labctl.telemetry import nftcounters, qdepth
 from labctl.telemetry.nftcounters import family_of as nft_family
@@ -66,6 +66,7 @@ class QueueSampler:
         self.pfc = PfcFile(Path(lab_path) / "pfc.json" if lab_path else None)
         self.names: dict[tuple[str, int, int], tuple[str, str, int]] = {}
         self.socks = []
+        self.marking: dict[str, fastpath.Marking] = {}    # fast-path routers mark in their programs
         for node in plan.nodes:
             if not nsutil.exists(node.namespace):
                 continue
@@ -73,6 +74,10 @@ class QueueSampler:
             with nsutil.entered(node.namespace):
                 self.socks.append((node.name, rtnl.open_socket(), nftcounters.open_socket() if marks else None,
                                    nft_family(node)))
+            if marks:
+                found = fastpath.open_marking(self.socks[-1][1], node)
+                if found is not None:
+                    self.marking[node.name] = found
             for i in node.interfaces:
                 for c in i.shaping.classes:
                     self.names[(node.name, i.index, qos.leaf_handle(c.tc) >> 16)] = (i.name, c.name, c.tc)
@@ -99,6 +104,8 @@ class QueueSampler:
                     raw = [qdepth.dump_raw(sock) for _, sock, _, _ in self.socks]
                 for (node, _, nft_sock, family), chunks in zip(self.socks, raw):
                     marks = nftcounters.read_marks(nft_sock, family) if nft_sock else {}
+                    if node in self.marking:
+                        marks = self.marking[node].add_to(marks)
                     for q in qdepth.parse_dump(chunks):
                         key = (node, q.ifindex, q.handle >> 16)
                         name = self.names.get(key)
@@ -126,5 +133,7 @@ class QueueSampler:
             sock.close()
             if nft_sock:
                 nft_sock.close()
+        for marking in self.marking.values():
+            marking.close()
         return {"file": self.path.name, "samples": self.samples, "seconds": round(self.duration, 3),
                 "rate_hz": round(self.samples / self.duration, 1) if self.duration else 0.0}
