@@ -172,6 +172,16 @@ def test_cap_add_becomes_cap_add_a_powerful_line_and_network_mode_is_refused_wit
     assert loaded.topology.nodes["b"].cap_add == [], "an image-less node is a namespace: cap-add is noted, not kept"
     assert [(p.what, p.text) for p in trust.powerful(loaded) if p.what == "capability"] == \
         [("capability", "NET_ADMIN"), ("capability", "SYS_PTRACE")]
+    # exported, the capabilities come back as cap-add and read back the same, still powerful
+    plan = plan_of(f)
+    out = yaml.safe_load(exports.export(plan, "clab"))
+    assert out["topology"]["nodes"]["a"]["cap-add"] == ["NET_ADMIN", "SYS_PTRACE"]
+    assert "cap-add" not in out["topology"]["nodes"]["b"]
+    again = tmp_path / "again.clab.yml"
+    again.write_text(exports.export(plan, "clab"))
+    back = load_topology(again)
+    assert back.topology.nodes["a"].cap_add == ["NET_ADMIN", "SYS_PTRACE"]
+    assert [p.text for p in trust.powerful(back) if p.what == "capability"] == ["NET_ADMIN", "SYS_PTRACE"]
     f.write_text("name: h\ntopology:\n  nodes:\n    a: {kind: linux, image: alpine, network-mode: host}\n")
     with pytest.raises(InputError) as exc:
         load_topology(f)

@@ -71,6 +71,8 @@ def _node(plan: LabPlan, n: Node, routes: list) -> dict:
         node["env"] = dict(box.env)
     if box and box.binds:
         node["binds"] = list(box.binds)
+    if box and box.cap_add:         # read back as cap_add, a powerful line again (plan/trust.py)
+        node["cap-add"] = list(box.cap_add)
     lines = [f"sysctl -qew {k}={v}" for k, v in n.sysctls.items() if any(s in k for s in SYSCTL_KEYS)]
     for i in n.interfaces:
         lines.append(f"ip link set dev {i.name} mtu {i.mtu}")
