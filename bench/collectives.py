@@ -8,9 +8,11 @@ plus forwarding saturate two cores.
 It measures the fabric, not an ECMP draw: the bundled lab's default hash seed puts the ring's two
 fabric hops on one spine (the ring then runs at half its bound, which the ecmp-entropy experiment
 is about). The benchmark takes the first hash seed under which the hops cross different spines,
-checked on the kernel's own routes, and prints it. Run as root:
+checked on the kernel's own routes, and prints it. With `--paths fast,slow` each rate runs on
+both forwarding paths (LABCTL_FORWARDING, kernel/fastpath.py), one after the other, and the last
+column is the slow path's time over the fast path's. Run as root:
 
-    sudo .venv/bin/python bench/collectives.py [--rates 100M,200M,400M] [--sizes 16MB,64MB]
+    sudo .venv/bin/python bench/collectives.py [--rates 100M,200M,400M] [--sizes 16MB,64MB] [--paths fast,slow]
 """
 from __future__ import annotations
 
@@ -36,27 +38,36 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rates", default="100M,200M,400M")
     ap.add_argument("--sizes", default="16MB,64MB")
+    ap.add_argument("--paths", default="auto", help="forwarding paths to run each rate on: auto, or fast,slow")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench/collectives.py builds namespaces: run it as root")
     os.environ["LABCTL_STATE_DIR"] = tempfile.mkdtemp(prefix="labctl-bench-")
     tmp = Path(tempfile.mkdtemp(prefix="labctl-bench-runs-"))
     seed = collision_free_seed()
-    print(f"{'lab rate':>9} {'collective':>15} {'size':>10} {'time (s)':>9} {'ideal (s)':>9} {'ratio':>6} {'#wrong':>6}")
+    paths = args.paths.split(",")
+    print(f"{'lab rate':>9} {'path':>5} {'collective':>15} {'size':>10} {'time (s)':>9} {'ideal (s)':>9} "
+          f"{'ratio':>6} {'#wrong':>6} {'slow/fast':>9}")
     for rate in args.rates.split(","):
         dilation = 400e9 / parse_rate(rate)
-        plan, lab, _ = labmod.up(str(ROOT / "topologies" / "leaf-spine.yml"), [f"dilation={dilation:g}", seed],
-                                 name="bcoll")
-        try:
-            for coll in ("reduce_scatter", "all_gather", "all_reduce"):
-                wf = tmp / f"{coll}.yml"
-                wf.write_text(f"name: b\ncollective: {coll}\nsizes: [{args.sizes}]\nparticipants: all\n")
-                doc = run_workload(plan, lab, load_workload(wf), tmp / coll)
-                for r in doc["results"]:
-                    print(f"{rate:>9} {coll:>15} {r['size']:>10} {r['time_s']:>9.3f} {r['ideal_s']:>9.3f} "
-                          f"{r['ratio']:>6.2f} {r['wrong']:>6}", flush=True)
-        finally:
-            backends.get("netns").destroy(state.lab_dir(plan.lab))
+        times: dict = {}
+        for path in paths:
+            os.environ["LABCTL_FORWARDING"] = path
+            plan, lab, _ = labmod.up(str(ROOT / "topologies" / "leaf-spine.yml"), [f"dilation={dilation:g}", seed],
+                                     name="bcoll")
+            try:
+                for coll in ("reduce_scatter", "all_gather", "all_reduce"):
+                    wf = tmp / f"{coll}.yml"
+                    wf.write_text(f"name: b\ncollective: {coll}\nsizes: [{args.sizes}]\nparticipants: all\n")
+                    doc = run_workload(plan, lab, load_workload(wf), tmp / f"{path}-{coll}")
+                    for r in doc["results"]:
+                        times[(path, coll, r["size"])] = r["time_s"]
+                        versus = (f"{r['time_s'] / times[('fast', coll, r['size'])]:>9.2f}"
+                                  if path == "slow" and ("fast", coll, r["size"]) in times else "")
+                        print(f"{rate:>9} {path:>5} {coll:>15} {r['size']:>10} {r['time_s']:>9.3f} "
+                              f"{r['ideal_s']:>9.3f} {r['ratio']:>6.2f} {r['wrong']:>6} {versus}", flush=True)
+            finally:
+                backends.get("netns").destroy(state.lab_dir(plan.lab))
 
 
 def collision_free_seed() -> str:

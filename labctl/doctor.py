@@ -299,7 +299,7 @@ def lab_paths() -> list[dict]:
     """For each lab that is up: its routers on the fast path and on the slow path, read from the
     ports (the program attached or not), not from what `up` meant to do."""
     from labctl import state
-    from labctl.kernel import fastpath
+    from labctl.kernel import fastmaps
     from labctl.lifecycle.labs import load_plan
     out = []
     for d in state.all_labs():
@@ -312,7 +312,7 @@ def lab_paths() -> list[dict]:
         for node in plan.nodes:
             if node.forwarding and not node.bridged:
                 try:
-                    (fast if fastpath.forwarded(node) is not None else slow).append(node.name)
+                    (fast if fastmaps.forwarded(node) is not None else slow).append(node.name)
                 except OSError:
                     slow.append(node.name)
         out.append({"lab": d.name, "fast_path": fast, "slow_path": slow})

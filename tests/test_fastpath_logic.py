@@ -12,7 +12,7 @@ from scapy.layers.inet import ICMP, IP, UDP
 from scapy.layers.l2 import ARP, Ether
 
 from labctl.errors import LabError
-from labctl.kernel import fastpath
+from labctl.kernel import fastpath, fastprog
 from tests.bpfvm import ArrayMap, LpmMap, Skb, Vm
 
 MARKING, COUNT, MULTIPATH = 5, 6, 7
@@ -47,7 +47,7 @@ def run(frame: bytes, fib: Fib | None = None, marking: dict | None = None, pkt_t
     skb = Skb(frame)
     skb.pkt_type, skb.ifindex = pkt_type, 2
     vm = Vm(maps, fib=fib or Fib(), prandom=lambda: draw)
-    rc = vm.run(fastpath.program(PORTS, classes, MARKING, COUNT, MULTIPATH), skb)
+    rc = vm.run(fastprog.program(PORTS, classes, MARKING, COUNT, MULTIPATH), skb)
     return rc, skb, maps
 
 

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1] / "labctl"
 
 # lowest first; a name is a top-level module or package of labctl
 LAYERS = [
-    {"errors", "units", "paths", "names", "kinds", "procs", "wakeup", "capabilities"},
+    {"errors", "units", "paths", "names", "kinds", "procs", "wakeup", "capabilities", "switches"},
     {"topology"},
     {"plan"},
     {"state", "helpers"},

@@ -16,7 +16,7 @@ import pytest
 
 from conftest import require_root
 from labctl import state
-from labctl.kernel import fastpath, nsutil, rtnl
+from labctl.kernel import fastmaps, fastpath, nsutil, rtnl
 from labctl.traffic.run import run_workload
 from labctl.traffic.workload import load_workload
 
@@ -60,7 +60,7 @@ def test_the_bundled_all_reduce_crosses_two_of_three_router_hops_in_their_progra
     doc = run_workload(plan, state.lab_dir(plan.lab), load_workload(spec), tmp_path / "run")
     (r,) = doc["results"]
     assert r["wrong"] == 0 and doc["loss_ledger"]["total"] == 0, (r, doc["loss_ledger"])
-    fast = {n.name: fastpath.forwarded(n) for n in routers(plan)}
+    fast = {n.name: fastmaps.forwarded(n) for n in routers(plan)}
     slow = {n.name: kernel_forwarded(n.namespace) - before[n.name][0] for n in routers(plan)}
     sent = {n.name: port_tx_packets(n) - before[n.name][1] for n in routers(plan)}
     assert all(v is not None for v in fast.values()), fast
@@ -112,7 +112,7 @@ def build_on(built_lab, monkeypatch, path: str):
     """The bundled lab built with LABCTL_FORWARDING=`path`, its routers checked to be on that path."""
     monkeypatch.setenv(fastpath.ENV, path)
     plan = built_lab(LEAF_SPINE, name=f"fp{path}")
-    on_fast_path = [fastpath.forwarded(n) is not None for n in routers(plan)]
+    on_fast_path = [fastmaps.forwarded(n) is not None for n in routers(plan)]
     assert all(on_fast_path) if path == "fast" else not any(on_fast_path)
     from labctl import doctor
     (entry,) = [e for e in doctor.lab_paths() if e["lab"] == plan.lab]

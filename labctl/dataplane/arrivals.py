@@ -33,6 +33,7 @@ from labctl.kernel import ebpf, rtnl
 from labctl.kernel.ebpf import (ADD_K, AND_K, ATOMIC_ADD_DW, BPF_FUNC_MAP_LOOKUP_ELEM, CALL, EXIT, JEQ_K,
                                   JGT_K, JNE_K, LDX_W, MOV_K, MOV_X, R0, R1, R2, R3, R4, R6, R10, RSH_K,
                                   SKB_LEN, SKB_PRIORITY, STX_W, TC_ACT_UNSPEC, Asm)
+from labctl import switches
 from labctl.errors import LabError
 from labctl.plan import qos
 
@@ -44,17 +45,14 @@ OTHER = CLASSES
 NAME = "labctl_arrive"
 
 PREF = 1
-# create or change, never refuse: a port of a router hashing with labctl's program already has
-# clsact, and a controller started again on a running lab replaces its own filter
-ENSURE = rtnl.NLM_F_REQUEST | rtnl.NLM_F_ACK | rtnl.NLM_F_CREATE
+# create or change, never refuse (rtnl.ENSURE): a port of a router hashing with labctl's program
+# or forwarding on the fast path already has clsact, and a controller started again on a running
+# lab replaces its own filter
+ENSURE = rtnl.ENSURE
 
 
 def engine() -> str:
-    wanted = os.environ.get(ENV, "auto") or "auto"
-    if wanted not in ENGINES:
-        raise LabError(f"{ENV}={wanted!r} is not a way of reading queues",
-                       f"set {ENV} to one of {', '.join(ENGINES)} (or leave it unset: auto)")
-    return wanted
+    return switches.choice(ENV, ENGINES, "a way of reading queues")
 
 
 def probe() -> str | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from labctl.dataplane import ecn, pfcport
-from labctl.kernel import fastpath, nsutil, rtnl
+from labctl.kernel import fastmaps, nsutil, rtnl
 from labctl.kernel.nft import Nft
 from labctl.plan import feeders, qos
 from labctl.plan.model import LabPlan, Node
@@ -39,7 +39,7 @@ class Switch:
     stateful: set = field(default_factory=set)    # queues marking or past XOFF
     place: dict = field(default_factory=dict)     # queue -> its place in the switch's request
     kick_sock: object = None                      # pfcport.kick_socket of a node with lossless classes
-    fast_marking: object = None                   # fastpath.Marking: the router's program marks
+    fast_marking: object = None                   # fastmaps.Marking: the router's program marks
 
 
 def served(plan: LabPlan) -> list[tuple[Node, list, list]]:
@@ -66,7 +66,7 @@ def open_switch(plan: LabPlan, node: Node, lossless: list, ports: list, nft: Nft
                 family=nft_family(node), kick_sock=kick_sock)
     if ports:
         sw.nft.run(ecn.setup_rules(ports, sw.family))
-        sw.fast_marking = fastpath.open_marking(sock, node, writable=True)
+        sw.fast_marking = fastmaps.open_marking(sock, node, writable=True)
     for ifindex, tc, _ in ports:
         sw.ecn_ports[(ifindex, (qos.leaf_handle(tc) >> 16))] = (tc, settings(node.name, ifindex, tc))
         sw.marking[(ifindex, tc)] = 0

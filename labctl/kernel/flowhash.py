@@ -18,6 +18,7 @@ from labctl.kernel.ebpf import (ADD_K, ADD_X, AND_K, AND_X, ARSH_K, BE, BPF_ANY,
                                   JSGT_X, LDX_B, LDX_DW, LDX_H, LDX_W, LSH_K, MOD_K, MOV_K, MOV_X, MUL_K, MUL_X,
                                   OR_X, R0, R1, R2, R3, R4, R5, R6, R7, R8, R9, R10, RSH_K, SKB_DATA,
                                   SKB_DATA_END, STX_DW, STX_W, SUB_K, SUB_X, TC_ACT_UNSPEC, XOR_X, Asm, _s32)
+from labctl import switches
 from labctl.errors import LabError
 from labctl.plan.flowhash import (FINAL_STEPS, GOLDEN, ROCE_PORT, WEYL, FlowHash, hash32, initial, select,
                                   select_in_group, spray_slots, steer_targets)
@@ -30,10 +31,7 @@ SEED_SYSCTL = "/proc/sys/net/ipv4/fib_multipath_hash_seed"
 def engine() -> str:
     """"kernel" (the kernel's hash with its seed fixed) or "bpf" (labctl's): `auto` picks the
     kernel's where it has a settable seed (6.11+), and LABCTL_ECMP_HASH can force either."""
-    wanted = os.environ.get(ENV, "auto") or "auto"
-    if wanted not in ENGINES:
-        raise LabError(f"{ENV}={wanted!r} is not an ECMP hash engine",
-                       f"set {ENV} to one of {', '.join(ENGINES)} (or leave it unset: auto)")
+    wanted = switches.choice(ENV, ENGINES, "an ECMP hash engine")
     if wanted != "auto":
         return wanted
     if os.path.exists(SEED_SYSCTL) or not ebpf.supported():

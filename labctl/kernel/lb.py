@@ -31,7 +31,7 @@ from labctl.plan.model import LabPlan, Node
 DEPTH_MAP, COUNTER = "labctl_depth", "labctl_depth"
 HANDLE = 1                          # a fixed handle: setting a mode again replaces the filter
 PREF_HASH, PREF_DRAIN, PREF_QUEUE = flowhash.PREF, 2, 3    # egress pref 1 is the controller's
-ENSURE = rtnl.NLM_F_REQUEST | rtnl.NLM_F_ACK | rtnl.NLM_F_CREATE
+ENSURE = rtnl.ENSURE
 
 
 def counter_program(map_fd: int, slot: int, sign: int) -> bytes:

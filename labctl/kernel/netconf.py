@@ -11,7 +11,7 @@ import os
 import socket
 import time
 
-from labctl.kernel import fastpath, flowhash, nft, nsutil, rtnl
+from labctl.kernel import fastmaps, fastpath, flowhash, nft, nsutil, rtnl
 from labctl.errors import LabError
 from labctl.plan import qos
 from labctl.plan.model import Interface, Node
@@ -166,7 +166,7 @@ def replace_routes(node: Node, old: list, new: list, table: int = rtnl.RT_TABLE_
     requests += [(rtnl.route_del(dst, table), f"{node.name}: delete route {dst}", (errno.ESRCH,))
                  for dst in before.keys() - after.keys()]
     if table == rtnl.RT_TABLE_MAIN:     # before the routes: a new multipath one is never fast-pathed
-        fastpath.note_multipath(node, new)
+        fastmaps.note_multipath(node, new)
     return commit_in(node.namespace, requests) if requests else 0
 
 

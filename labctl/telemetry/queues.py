@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-from labctl.kernel import fastpath, nsutil
+from labctl.kernel import fastmaps, nsutil
 from labctl.plan import qos
 from labctl.plan.model import LabPlan, Node
 from labctl.telemetry import nftcounters, qdepth
@@ -27,7 +27,7 @@ def node_queues(plan: LabPlan, node: Node, iface: str | None = None, settings=No
     settings = settings or (lambda n, i, c: plan_settings(plan, n, i, c))
     with nsutil.netlink_socket(node.namespace) as sock:
         stats = {(q.ifindex, q.handle >> 16): q for q in qdepth.dump(sock)}
-        marking = fastpath.open_marking(sock, node)      # a fast-path router marks in its program
+        marking = fastmaps.open_marking(sock, node)      # a fast-path router marks in its program
     with nsutil.entered(node.namespace):
         nft_sock = nftcounters.open_socket()
     try:
