@@ -4,9 +4,8 @@ Every forwarded packet used to climb the full IP stack of each router namespace 
 route input, the netfilter forward hook (where nftables puts it in its class and marks ECN), the
 output path. The program (kernel/fastprog.py) does the part that costs and changes nothing:
 
-- it asks the kernel's own FIB (`bpf_fib_lookup`, with the packet's 5-tuple, so an ECMP route
-  picks the next hop the kernel's multipath hash would: policy, fields and seed included) for the
-  egress port and the next hop's MAC addresses;
+- it asks the kernel's own FIB (`bpf_fib_lookup`) for the egress port and the next hop's MAC
+  addresses, for a destination with one next hop (one with several is left to the stack, below);
 - it puts the packet in its traffic class by DSCP, as the nftables classify chain does
   (skb->priority = 1:(0x10+tc));
 - it lowers the TTL, rewrites the Ethernet header and sends the packet to the egress port's
