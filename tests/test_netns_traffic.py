@@ -16,6 +16,7 @@ from conftest import lab_namespaces, module_state_dir, require_root
 from labctl import lifecycle as labmod
 from labctl import state
 from labctl import backends
+from labctl.kernel import fastmaps, nsutil
 from labctl.traffic import placement
 from labctl.traffic.run import run_workload
 from labctl.traffic.workload import load_workload
@@ -270,14 +271,26 @@ NFT_MARK_CE = """table ip labctl_test {
 
 def test_receivers_send_cnps_when_the_fabric_marks_ce(lab, tmp_path):
     plan, d = lab
-    ns = plan.node("leaf2").namespace
+    # leaf2 marks every RoCE packet to the receiver CE: its IP stack by an nftables rule in the
+    # forward hook, its fast-path program (which the forward hook never sees) by a marking slot
+    # set to always, as the controller sets it for a queue past Kmax
+    leaf2 = plan.node("leaf2")
+    port = next(i.index for i in leaf2.interfaces if i.peer_node == "srv2-gpu1")
+    ns = leaf2.namespace
+    with nsutil.netlink_socket(ns) as sock:
+        marking = fastmaps.open_marking(sock, leaf2, writable=True)
     subprocess.run(["ip", "netns", "exec", ns, "nft", "-f", "-"], input=NFT_MARK_CE, text=True, check=True)
     try:
+        if marking is not None:
+            marking.set(port, 3, 65536)
         w = workload(tmp_path, "name: cnp\ncollective: sendrecv\nsizes: [4MB]\n"
                                "participants: [srv1-gpu0, srv2-gpu1]\noptions: {cnp: true, cnp_interval: 50us}\n")
         doc = run_workload(plan, d, w, tmp_path / "run")
     finally:
         subprocess.run(["ip", "netns", "exec", ns, "nft", "delete", "table", "ip", "labctl_test"], check=True)
+        if marking is not None:
+            marking.set(port, 3, 0)
+            marking.close()
     rx = rx_totals(doc)
     assert rx["ce"] == rx["packets"] > 900   # every data packet crossed leaf2, marked CE
     received = sum(q["cnp_received"] for c in doc["counters"].values() for q in c["tx"])
