@@ -186,3 +186,39 @@ def test_cap_add_becomes_cap_add_a_powerful_line_and_network_mode_is_refused_wit
     with pytest.raises(InputError) as exc:
         load_topology(f)
     assert f"{f}:4" in str(exc.value) and "a node in the host's" in str(exc.value), str(exc.value)
+
+
+def test_export_writes_cap_add_as_containerlabs_cap_add():
+    text = ("name: caps\ndilation: 1\ndefaults: {rate: 1G}\nqos: {classes: [{name: default, tc: 0}]}\n"
+            "nodes:\n  a: {kind: host, image: labctl/host, cap_add: [NET_ADMIN, SYS_PTRACE]}\n"
+            "  b: {kind: host, image: labctl/host}\nlinks: [{endpoints: [a, b]}]\n")
+    plan = compile_plan(load_topology_text(text, "caps.yml"))
+    doc = yaml.safe_load(exports.export(plan, "clab", strict=True))
+    jsonschema.validate(doc, SCHEMA)
+    nodes = doc["topology"]["nodes"]
+    assert nodes["a"]["cap-add"] == ["NET_ADMIN", "SYS_PTRACE"]
+    assert "cap-add" not in nodes["b"] and not any("cap_add" in n for n in nodes.values())
+
+
+def test_container_keys_survive_import_export_import(tmp_path):
+    """cap-add from two levels, a cmd whose argument holds a space, env and binds: the plan of the
+    exported file has each node's container as the first import planned it."""
+    f = tmp_path / "caps.clab.yml"
+    f.write_text("name: caps\ntopology:\n  kinds:\n    linux: {cap-add: [NET_ADMIN]}\n  nodes:\n"
+                 "    a:\n      kind: linux\n      image: alpine\n      cap-add: [SYS_PTRACE]\n"
+                 "      cmd: sh -c 'sleep infinity'\n      env: {GREETING: hello there}\n"
+                 f"      binds: [{tmp_path}:/mnt:ro]\n      exec: [echo 'a b']\n"
+                 "    b: {kind: linux, image: alpine}\n  links:\n    - endpoints: [a:eth1, b:eth1]\n")
+    first = plan_of(f)
+    a = first.node("a").container
+    assert a.cap_add == ["NET_ADMIN", "SYS_PTRACE"] and a.cmd == ["sh", "-c", "sleep infinity"]
+    out = tmp_path / "back.clab.yml"
+    out.write_text(exports.export(first, "clab"))
+    jsonschema.validate(yaml.safe_load(out.read_text()), SCHEMA)
+    again = plan_of(out)
+    for name in ("a", "b"):
+        was, now = first.node(name).container, again.node(name).container
+        assert (now.image, now.cmd, now.env, now.binds, now.cap_add) == \
+            (was.image, was.cmd, was.env, was.binds, was.cap_add), name
+    assert again.node("b").container.cap_add == ["NET_ADMIN"], "the kind's cap-add, written on the node"
+    assert again.node("a").exec[-1] == ["echo", "a b"]

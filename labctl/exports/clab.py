@@ -6,7 +6,10 @@ inside the container after the links exist, set what labctl sets: sysctls, MTUs,
 loopback, the static routes (ECMP next-hops and weights), a bridge for L2 nodes, and each port's
 shaping at the lab rate (one HTB class with a byte-limited bfifo; the shaping
 lines leave alone a port that is shaped already, as it is when labctl imports the file back).
-Links are brief-form veths with labctl's port names.
+Links are brief-form veths with labctl's port names. A container node (but one FRR routes: the
+header says so) keeps its image, cmd, env, binds and `cap_add:` (as containerlab's `cap-add:`):
+every container key the containerlab import reads comes back from the file as it was. Its
+`files:` and `privileged:`, which the import does not read, are not written.
 
 What containerlab cannot express is listed in the file's header; `--strict` refuses such a lab.
 """
@@ -66,7 +69,7 @@ def _node(plan: LabPlan, n: Node, routes: list) -> dict:
     box = n.container if not own_routing else None
     node: dict = {"kind": "linux", "image": box.image if box else IMAGE}
     if box and box.cmd:
-        node["cmd"] = " ".join(box.cmd)
+        node["cmd"] = shlex.join(box.cmd)    # quoted: containerlab splits cmd as a shell would, as labctl does
     if box and box.env:
         node["env"] = dict(box.env)
     if box and box.binds:
