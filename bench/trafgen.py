@@ -3,6 +3,7 @@ UDP frame written as a trafgen configuration, sent from a node's namespace for s
 what arrived counted at the receiver's port (its link counters), not what the sender meant."""
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import time
@@ -34,7 +35,9 @@ def conf(plan, src: str, dst: str, frame: int, dport: int = 9) -> str:
 
 
 class Sending:
-    """trafgen sending `conf_text` from `src` on one CPU until the block ends."""
+    """trafgen sending `conf_text` from `src` on one CPU until the block ends. `--gap 0`: a sendto()
+    per packet. Its packet ring fails in a lab node ("Flushing TX_RING failed: Resource
+    temporarily unavailable", with or without the qdisc path), which a bare veth pair does not."""
 
     def __init__(self, plan, src: str, conf_text: str, conf_dir: Path):
         self.node = plan.node(src)
@@ -43,15 +46,19 @@ class Sending:
 
     def __enter__(self):
         self.proc = subprocess.Popen(["ip", "netns", "exec", self.node.namespace, "trafgen", "--dev",
-                                      self.node.interfaces[0].name, "--conf", str(self.path), "--cpus", "1",
-                                      "--silent"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                                      self.node.interfaces[0].name, "--conf", str(self.path), "--cpus", "1", "--gap", "0"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                     start_new_session=True)
         time.sleep(0.5)             # past trafgen's start and the first packets' neighbour lookups
         if self.proc.poll() is not None:
             raise RuntimeError(f"trafgen stopped at once: {self.proc.stderr.read().strip()[-300:]}")
         return self
 
     def __exit__(self, *exc):
-        self.proc.send_signal(signal.SIGINT)
-        _, err = self.proc.communicate(timeout=10)
-        if self.proc.returncode not in (0, -signal.SIGINT, 130) and exc[0] is None:
-            raise RuntimeError(f"trafgen failed ({self.proc.returncode}): {err.strip()[-300:]}")
+        # trafgen forks a sender per CPU: its whole group is signalled, never another process
+        os.killpg(self.proc.pid, signal.SIGINT)
+        try:
+            self.proc.communicate(timeout=3)
+        except subprocess.TimeoutExpired:      # blocked in a send: the counts were read already
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.communicate(timeout=10)
