@@ -1,11 +1,9 @@
 #!/usr/bin/env python3
-"""Agent throughput on an unshaped 3-hop path vs trafgen and iperf3, side by side in one run.
+"""Agent throughput on an unshaped 3-hop path vs iperf3, side by side in one run.
 
 h1 -- leaf1 -- spine -- leaf2 -- h2. The agent sends 4 KB RoCE frames (RDMA WRITEs, 4096-byte
-payload, 4112-byte UDP payload) from h1 to h2; trafgen (netsniff-ng, the fastest generator here:
-a packet socket's ring, no UDP socket) sends frames of the same size to UDP 4791 on one core, and
-iperf3 sends 4112-byte UDP datagrams (-u -b 0 -l 4112), on the same path for the same time. What
-trafgen sent is counted at h2's port. A tool that is not installed is left out and said so. Prints UDP-payload Gbit/s for both, their ratio, and the
+payload, 4112-byte UDP payload) from h1 to h2; iperf3 sends 4112-byte UDP datagrams (-u -b 0 -l 4112)
+on the same path for the same time. Prints UDP-payload Gbit/s for both, their ratio, and the
 agent receiver's loss (PSN gaps and sent - received). Interleaved, median of --reps. Run as root:
 
     sudo .venv/bin/python bench/agents.py [--reps 3] [--seconds 3]
@@ -15,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -25,7 +22,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from labctl import lifecycle as labmod  # noqa: E402
 from labctl import state  # noqa: E402
@@ -33,8 +29,6 @@ from labctl import backends  # noqa: E402
 from labctl.traffic import roce  # noqa: E402
 from labctl.traffic.pool import AgentPool, RunOptions  # noqa: E402
 from labctl.traffic.schedule import sendrecv  # noqa: E402
-
-import trafgen  # noqa: E402  (bench/trafgen.py)
 
 UDP_PAYLOAD = 4096 + roce.BTH_LEN + roce.ICRC_LEN  # a WRITE Middle: 4112 bytes, the same as iperf3 -l 4112
 
@@ -70,18 +64,6 @@ def iperf_once(plan, seconds: float) -> dict:
             "pps": got / s["seconds"]}
 
 
-def trafgen_once(plan, seconds: float) -> dict:
-    h2 = plan.node("h2")
-    with tempfile.TemporaryDirectory() as conf_dir:
-        conf = trafgen.conf(plan, "h1", "h2", trafgen.HEADERS + UDP_PAYLOAD, dport=roce.ROCE_PORT)
-        with trafgen.Sending(plan, "h1", conf, Path(conf_dir)):
-            rx0, t0 = trafgen.rx_packets(h2), time.monotonic()
-            time.sleep(seconds)
-            rx1, t1 = trafgen.rx_packets(h2), time.monotonic()
-    pps = (rx1 - rx0) / (t1 - t0)
-    return {"gbps": pps * UDP_PAYLOAD * 8 / 1e9, "pps": pps}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=3)
@@ -91,35 +73,23 @@ def main() -> None:
         sys.exit("bench/agents.py builds namespaces: run it as root")
     os.environ["LABCTL_STATE_DIR"] = tempfile.mkdtemp(prefix="labctl-bench-")
     plan, lab, _ = labmod.up(str(Path(__file__).with_name("topologies") / "three-hop.yml"))
-    tools = {"trafgen": trafgen_once if shutil.which("trafgen") else None,
-             "iperf3": (lambda p, secs: iperf_once(p, secs)) if shutil.which("iperf3") else None}
-    for tool, run in tools.items():
-        if run is None:
-            print(f"{tool} is not installed: left out ({trafgen.MISSING if tool == 'trafgen' else 'apt-get install iperf3'})",
-                  file=sys.stderr)
     rows = []
     try:
         for rep in range(args.reps):
-            row = {"agent": agent_once(plan, lab, args.seconds)}
-            for tool, run in tools.items():
-                if run is not None:
-                    row[tool] = run(plan, args.seconds)
-            rows.append(row)
-            print(f"rep {rep + 1}: " + " | ".join(f"{k} {v['gbps']:.2f} Gbit/s ({v['pps'] / 1e3:.0f} kpps)"
-                                                  for k, v in row.items()), file=sys.stderr)
+            a = agent_once(plan, lab, args.seconds)
+            i = iperf_once(plan, args.seconds)
+            rows.append((a, i))
+            print(f"rep {rep + 1}: agent {a['gbps']:.2f} Gbit/s ({a['pps'] / 1e3:.0f} kpps, lost {a['lost']}) | "
+                  f"iperf3 {i['gbps']:.2f} Gbit/s ({i['pps'] / 1e3:.0f} kpps, lost {i['lost']})", file=sys.stderr)
     finally:
         backends.get("netns").destroy(state.lab_dir(plan.lab))
     med = statistics.median
-    gbps = {k: med(r[k]["gbps"] for r in rows) for k in rows[0]}
-    print(f"\n3-hop path, 4112-byte UDP payloads, median of {args.reps} (UDP payload Gbit/s at the receiver)")
-    print(f"  agent (RoCE WRITEs)  {gbps['agent']:6.2f}   receiver loss: {max(r['agent']['lost'] for r in rows)} "
-          f"packets, PSN gaps {max(r['agent']['gaps'] for r in rows)}")
-    if "trafgen" in gbps:
-        print(f"  trafgen, one core    {gbps['trafgen']:6.2f}")
-        print(f"  ratio agent/trafgen  {gbps['agent'] / gbps['trafgen']:6.2f}")
-    if "iperf3" in gbps:
-        print(f"  iperf3 -u -b 0       {gbps['iperf3']:6.2f}   receiver loss: {max(r['iperf3']['lost'] for r in rows)} packets")
-        print(f"  ratio agent/iperf3   {gbps['agent'] / gbps['iperf3']:6.2f}")
+    ag, ip = med(a["gbps"] for a, _ in rows), med(i["gbps"] for _, i in rows)
+    print(f"\n3-hop path, 4112-byte UDP payloads, median of {args.reps} (UDP payload Gbit/s)")
+    print(f"  agent (RoCE WRITEs)  {ag:6.2f}   receiver loss: {max(a['lost'] for a, _ in rows)} packets, "
+          f"PSN gaps {max(a['gaps'] for a, _ in rows)}")
+    print(f"  iperf3 -u -b 0       {ip:6.2f}   receiver loss: {max(i['lost'] for _, i in rows)} packets")
+    print(f"  ratio agent/iperf3   {ag / ip:6.2f}")
 
 
 if __name__ == "__main__":

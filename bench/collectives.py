@@ -8,9 +8,12 @@ plus forwarding saturate two cores.
 It measures the fabric, not an ECMP draw: the bundled lab's default hash seed puts the ring's two
 fabric hops on one spine (the ring then runs at half its bound, which the ecmp-entropy experiment
 is about). The benchmark takes the first hash seed under which the hops cross different spines,
-checked on the kernel's own routes, and prints it. With `--paths fast,slow` each rate runs on
-both forwarding paths (LABCTL_FORWARDING, kernel/fastpath.py), one after the other, and the last
-column is the slow path's time over the fast path's. Run as root:
+checked on the kernel's own routes, and prints it.
+
+--paths runs each rate on each forwarding path (LABCTL_FORWARDING, kernel/fastpath.py), one after
+the other, and ends with the ratios side by side. The two paths hash ECMP with different kernel
+policies (fast-path routers use policy 1), so each path gets its own collision-free seed. Run as
+root:
 
     sudo .venv/bin/python bench/collectives.py [--rates 100M,200M,400M] [--sizes 16MB,64MB] [--paths fast,slow]
 """
@@ -28,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 from labctl import lifecycle as labmod  # noqa: E402
 from labctl import state  # noqa: E402
 from labctl import backends  # noqa: E402
+from labctl.kernel import fastpath  # noqa: E402
 from labctl.traffic import placement  # noqa: E402
 from labctl.traffic.run import run_workload  # noqa: E402
 from labctl.traffic.workload import load_workload  # noqa: E402
@@ -38,40 +42,50 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rates", default="100M,200M,400M")
     ap.add_argument("--sizes", default="16MB,64MB")
-    ap.add_argument("--paths", default="auto", help="forwarding paths to run each rate on: auto, or fast,slow")
+    ap.add_argument("--paths", default="",
+                    help="forwarding paths to run each rate on, e.g. fast,slow (default: LABCTL_FORWARDING as set)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench/collectives.py builds namespaces: run it as root")
+    paths = [p for p in args.paths.split(",") if p] or [os.environ.get(fastpath.ENV, "auto") or "auto"]
+    for p in paths:
+        if p not in fastpath.MODES:
+            sys.exit(f"--paths: {p!r} is not a forwarding path (one of {', '.join(fastpath.MODES)})")
     os.environ["LABCTL_STATE_DIR"] = tempfile.mkdtemp(prefix="labctl-bench-")
     tmp = Path(tempfile.mkdtemp(prefix="labctl-bench-runs-"))
-    seed = collision_free_seed()
-    paths = args.paths.split(",")
+    seeds = {}
+    for p in paths:
+        os.environ[fastpath.ENV] = p  # read by up: the routers' forwarding path (and so their ECMP hash)
+        seeds[p] = collision_free_seed(p)
+    ratios = {}
     print(f"{'lab rate':>9} {'path':>5} {'collective':>15} {'size':>10} {'time (s)':>9} {'ideal (s)':>9} "
-          f"{'ratio':>6} {'#wrong':>6} {'slow/fast':>9}")
+          f"{'ratio':>6} {'#wrong':>6}")
     for rate in args.rates.split(","):
         dilation = 400e9 / parse_rate(rate)
-        times: dict = {}
-        for path in paths:
-            os.environ["LABCTL_FORWARDING"] = path
-            plan, lab, _ = labmod.up(str(ROOT / "topologies" / "leaf-spine.yml"), [f"dilation={dilation:g}", seed],
-                                     name="bcoll")
+        for p in paths:
+            os.environ[fastpath.ENV] = p
+            plan, lab, _ = labmod.up(str(ROOT / "topologies" / "leaf-spine.yml"),
+                                     [f"dilation={dilation:g}", seeds[p]], name="bcoll")
             try:
                 for coll in ("reduce_scatter", "all_gather", "all_reduce"):
                     wf = tmp / f"{coll}.yml"
                     wf.write_text(f"name: b\ncollective: {coll}\nsizes: [{args.sizes}]\nparticipants: all\n")
-                    doc = run_workload(plan, lab, load_workload(wf), tmp / f"{path}-{coll}")
+                    doc = run_workload(plan, lab, load_workload(wf), tmp / coll)
                     for r in doc["results"]:
-                        times[(path, coll, r["size"])] = r["time_s"]
-                        versus = (f"{r['time_s'] / times[('fast', coll, r['size'])]:>9.2f}"
-                                  if path == "slow" and ("fast", coll, r["size"]) in times else "")
-                        print(f"{rate:>9} {path:>5} {coll:>15} {r['size']:>10} {r['time_s']:>9.3f} "
-                              f"{r['ideal_s']:>9.3f} {r['ratio']:>6.2f} {r['wrong']:>6} {versus}", flush=True)
+                        ratios[(rate, p, coll, r["size"])] = r["ratio"]
+                        print(f"{rate:>9} {p:>5} {coll:>15} {r['size']:>10} {r['time_s']:>9.3f} {r['ideal_s']:>9.3f} "
+                              f"{r['ratio']:>6.2f} {r['wrong']:>6}", flush=True)
             finally:
                 backends.get("netns").destroy(state.lab_dir(plan.lab))
+    if len(paths) > 1:
+        print(f"\ntime / alpha-beta bound, {' | '.join(paths)}")
+        for (rate, coll, size) in dict.fromkeys((k[0], k[2], k[3]) for k in ratios):
+            both = " | ".join(f"{ratios[(rate, p, coll, size)]:.2f}" for p in paths)
+            print(f"{rate:>9} {coll:>15} {size:>10}  {both}")
 
 
-def collision_free_seed() -> str:
-    """The first hash_seed under which the ring's fabric hops cross different spines."""
+def collision_free_seed(path: str) -> str:
+    """The first hash_seed under which the ring's fabric hops cross different spines (on `path`)."""
     for seed in range(1, 33):
         plan, lab, _ = labmod.up(str(ROOT / "topologies" / "leaf-spine.yml"), [f"hash_seed={seed}"], name="bseed")
         try:
@@ -79,7 +93,7 @@ def collision_free_seed() -> str:
         finally:
             backends.get("netns").destroy(state.lab_dir(plan.lab))
         if not placement.collides(spines):
-            print(f"# ECMP placement: hash_seed={seed}, under which the ring's fabric hops cross "
+            print(f"# ECMP placement, {path} path: hash_seed={seed}, under which the ring's fabric hops cross "
                   f"{' and '.join(spines)} (seeds before it put them on one spine)")
             return f"hash_seed={seed}"
     sys.exit("no hash seed from 1 to 32 keeps the ring's fabric hops apart")
