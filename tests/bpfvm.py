@@ -63,7 +63,9 @@ class Skb:
         self.pkt_type = 0                                        # PACKET_HOST
         self.ifindex = 1                                         # the port it arrived on
         self.priority = 0                                        # which tc may write
+        self.sk = 0                                              # __sk_buff.sk: the owning socket, or NULL
         self.redirected: tuple[int, int] | None = None           # bpf_clone_redirect(ifindex, flags)
+        self.cloned = False                                      # by bpf_clone_redirect, not bpf_redirect
         self.hash_cleared = False                                # bpf_set_hash_invalid()
 
 
@@ -84,6 +86,7 @@ class Vm:
         struct.pack_into("<I", regions[CTX], 40, skb.ifindex)
         struct.pack_into("<I", regions[CTX], 76, PACKET)
         struct.pack_into("<I", regions[CTX], 80, PACKET + skb.linear)
+        struct.pack_into("<Q", regions[CTX], 168, skb.sk)
         value_at: dict[int, int] = {}          # address of a map value -> its region
         r = [0] * 11
         r[1], r[10] = CTX, STACK + 512
@@ -148,8 +151,18 @@ class Vm:
                 mem[off:off + 64] = params
                 return rc
             if helper == 13:                                 # clone_redirect(skb, ifindex, flags)
-                skb.redirected = (r[2] & 0xFFFFFFFF, r[3])
+                skb.redirected, skb.cloned = (r[2] & 0xFFFFFFFF, r[3]), True
                 skb.frame = bytes(regions[PACKET])           # the clone: the packet as it is now
+                return 0
+            if helper == 23:                                 # redirect(ifindex, flags)
+                skb.redirected = (r[1] & 0xFFFFFFFF, r[2])
+                skb.frame = bytes(regions[PACKET])
+                return 7                                     # TC_ACT_REDIRECT
+            if helper == 39:                                 # skb_pull_data(skb, len)
+                if r[2] > len(skb.frame):
+                    return (-14) & M64                       # -EFAULT
+                skb.linear = max(skb.linear, r[2])
+                struct.pack_into("<I", regions[CTX], 80, PACKET + skb.linear)
                 return 0
             if helper == 41:                                 # set_hash_invalid(skb)
                 skb.hash, skb.hash_cleared = None, True

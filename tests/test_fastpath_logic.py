@@ -36,16 +36,18 @@ class Fib:
 
 
 def run(frame: bytes, fib: Fib | None = None, marking: dict | None = None, pkt_type: int = 0,
-        classes=CLASSES, draw: int = 0, multipath=("10.9.0.0/16", "10.2.0.16/31")) -> tuple[int, Skb, dict]:
+        classes=CLASSES, draw: int = 0, multipath=("10.9.0.0/16", "10.2.0.16/31"), owned: bool = True,
+        linear: int | None = None) -> tuple[int, Skb, dict]:
     """`marking`: {(port ifindex, tc): n}; `draw`: what bpf_get_prandom_u32() answers; `multipath`:
-    the router's destinations with several next hops."""
+    the router's destinations with several next hops; `owned`: the packet is still charged to its
+    sender's socket (the first router after a host); `linear`: bytes in the packet's linear part."""
     maps = {MARKING: ArrayMap(len(PORTS) * fastpath.CLASSES, fastpath.SLOT_SIZE), COUNT: ArrayMap(1, 8),
             MULTIPATH: LpmMap(multipath)}
     for (ifindex, tc), n in (marking or {}).items():
         key = PORTS.index(ifindex) * fastpath.CLASSES + tc
         maps[MARKING].put(struct.pack("<I", key), struct.pack("=IIQ", n, 0, 0))
-    skb = Skb(frame)
-    skb.pkt_type, skb.ifindex = pkt_type, 2
+    skb = Skb(frame, linear)
+    skb.pkt_type, skb.ifindex, skb.sk = pkt_type, 2, 0xFFFF_8880_0000_1000 if owned else 0
     vm = Vm(maps, fib=fib or Fib(), prandom=lambda: draw)
     rc = vm.run(fastprog.program(PORTS, classes, MARKING, COUNT, MULTIPATH), skb)
     return rc, skb, maps
@@ -79,6 +81,24 @@ def test_a_udp_packet_is_routed_rewritten_classified_and_redirected_to_the_fib_s
     assert asked[16:20] == bytes([10, 1, 0, 1]) and asked[32:36] == bytes([10, 2, 0, 9])
 
 
+def test_a_packet_no_socket_owns_leaves_by_a_plain_redirect_and_an_owned_one_as_a_clone():
+    """A clone releases the sender's socket (bpf_clone_redirect); from the second router on no
+    socket owns the packet, and a plain redirect spares the clone and the copy of the head."""
+    for owned, rc_expected in ((True, 4), (False, 7)):
+        rc, skb, maps = run(udp(tos=26 << 2), Fib(oif=3), owned=owned)
+        assert rc == rc_expected and skb.redirected == (3, 0) and skb.cloned == owned, owned
+        out = Ether(skb.frame)
+        assert out[IP].ttl == 63 and (out.src, out.dst) == ("02:00:00:00:aa:01", "02:00:00:00:bb:02")
+        assert struct.unpack("=Q", maps[COUNT].values[0])[0] == 1
+
+
+def test_a_frame_with_only_its_ethernet_header_in_the_linear_part_is_pulled_and_forwarded():
+    """A packet socket's TX ring (trafgen's default) leaves the IP header in fragments."""
+    frame = udp()
+    rc, skb, _ = run(frame, Fib(oif=3), linear=14)
+    assert rc == 4 and skb.linear >= 38 and Ether(skb.frame)[IP].ttl == 63
+
+
 def test_a_dscp_no_class_names_keeps_its_priority_and_still_takes_the_fast_path():
     rc, skb, _ = run(udp(tos=10 << 2))
     assert rc == 4 and skb.priority == 0
@@ -97,6 +117,7 @@ def test_a_dscp_no_class_names_keeps_its_priority_and_still_takes_the_fast_path(
     ("an egress port that is not the lab's", udp(), Fib(oif=9), 0),
     ("a destination with several next hops", bytes(Ether() / IP(dst="10.2.0.17") / UDP()), Fib(), 0),
     ("inside a multipath prefix", bytes(Ether() / IP(dst="10.9.3.4") / UDP()), Fib(), 0),
+    ("shorter than its headers", bytes(Ether() / IP(dst="10.2.0.9", proto=17)), Fib(), 0),
 ])
 def test_what_the_program_does_not_handle_goes_up_the_stack_untouched_without_a_hash(why, frame, fib, pkt_type):
     rc, skb, maps = run(frame, fib, pkt_type=pkt_type)

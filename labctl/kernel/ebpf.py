@@ -29,13 +29,16 @@ ATTR_SIZE = 128
 
 # __sk_buff offsets (linux/bpf.h)
 SKB_LEN, SKB_PKT_TYPE, SKB_PRIORITY, SKB_IFINDEX, SKB_DATA, SKB_DATA_END = 0, 4, 32, 40, 76, 80
+SKB_SK = 168                # struct bpf_sock *, NULL when no socket owns the packet (5.1+)
 # helpers
 BPF_FUNC_MAP_LOOKUP_ELEM, BPF_FUNC_MAP_UPDATE_ELEM, BPF_FUNC_KTIME_GET_NS = 1, 2, 5
 BPF_FUNC_SKB_LOAD_BYTES, BPF_FUNC_SET_HASH = 26, 48
 BPF_FUNC_GET_PRANDOM_U32, BPF_FUNC_CLONE_REDIRECT, BPF_FUNC_SET_HASH_INVALID, BPF_FUNC_FIB_LOOKUP = 7, 13, 41, 69
+BPF_FUNC_REDIRECT, BPF_FUNC_SKB_PULL_DATA = 23, 39
 BPF_ANY = 0
 TC_ACT_UNSPEC = -1          # let the port's next filter (if any) classify as it would have
 TC_ACT_SHOT, TC_ACT_STOLEN = 2, 4     # dropped (and counted so); consumed by the program, no drop
+TC_ACT_REDIRECT = 7         # what bpf_redirect() returns: out by the port it named, after the program
 
 # opcodes (linux/bpf_common.h): 64-bit ALU with an immediate (K) or a register (X), loads, jumps
 MOV_X, MOV_K, ADD_X, ADD_K, SUB_X, SUB_K, AND_K, OR_X, XOR_X, MUL_X, MUL_K, MOD_K, LSH_K, RSH_K, NEG = \

@@ -4,10 +4,11 @@ from __future__ import annotations
 from labctl.kernel import ebpf
 from labctl.kernel.ebpf import (ADD_K, ADD_X, AND_K, ATOMIC_ADD_DW, BE, BPF_FUNC_CLONE_REDIRECT,
                                 BPF_FUNC_FIB_LOOKUP, BPF_FUNC_GET_PRANDOM_U32, BPF_FUNC_MAP_LOOKUP_ELEM,
-                                CALL, EXIT, JA, JEQ_K, JGE_X, JGT_X, JLT_K, JNE_K, LDX_B, LDX_H, LDX_W, MOV_K,
-                                MOV_X, R0, R1, R2, R3, R4, R6, R7, R8, R9, R10,
-                                RSH_K, SKB_DATA, SKB_DATA_END, SKB_IFINDEX, SKB_PKT_TYPE, SKB_PRIORITY,
-                                STX_B, STX_DW, STX_H, STX_W, TC_ACT_SHOT, TC_ACT_STOLEN, TC_ACT_UNSPEC, Asm)
+                                BPF_FUNC_REDIRECT, BPF_FUNC_SKB_PULL_DATA, CALL, EXIT, JA, JEQ_K, JGE_X, JGT_X,
+                                JLT_K, JNE_K, LDX_B, LDX_DW, LDX_H, LDX_W, MOV_K, MOV_X, R0, R1, R2, R3, R4, R6,
+                                R7, R8, R9, R10, RSH_K, SKB_DATA, SKB_DATA_END, SKB_IFINDEX, SKB_PKT_TYPE,
+                                SKB_PRIORITY, SKB_SK, STX_B, STX_DW, STX_H, STX_W, TC_ACT_SHOT, TC_ACT_STOLEN,
+                                TC_ACT_UNSPEC, Asm)
 
 ETH, IP_LEN = 14, 20
 PARAMS = -64                # struct bpf_fib_lookup (linux/bpf.h), 64 bytes, on the stack
@@ -38,6 +39,20 @@ def program(ports: list[int], classes: dict[int, tuple[int, int]], marking_fd: i
         a.op(ADD_K, R2, imm=key_at)
         a.op(CALL, imm=BPF_FUNC_MAP_LOOKUP_ELEM)
 
+    # A frame whose headers are not all in the packet's linear part (a packet socket's TX ring
+    # writes only the Ethernet header there) is pulled in first, else the slow path would get it
+    a.op(LDX_W, R7, R6, SKB_DATA)
+    a.op(LDX_W, R8, R6, SKB_DATA_END)
+    a.op(MOV_X, R2, R7)
+    a.op(ADD_K, R2, imm=ETH + IP_LEN + 4)
+    a.jump(JGT_X, R2, "pull", src=R8)
+    a.jump(JA, 0, "linear")
+    a.label("pull")
+    a.op(MOV_X, R1, R6)
+    a.op(MOV_K, R2, imm=ETH + IP_LEN + 4)
+    a.op(CALL, imm=BPF_FUNC_SKB_PULL_DATA)      # fails on a shorter packet: the slow path's
+    a.jump(JNE_K, R0, "slow", imm=0)
+    a.label("linear")
     packet(ETH + IP_LEN + 4)
     a.op(LDX_W, R2, R6, SKB_PKT_TYPE)           # PACKET_HOST: addressed to this router
     a.jump(JNE_K, R2, "slow", imm=0)
@@ -186,10 +201,20 @@ def program(ports: list[int], classes: dict[int, tuple[int, int]], marking_fd: i
     a.op(MOV_K, R1, imm=1)
     a.op(ATOMIC_ADD_DW, R0, R1, 0)
     a.label("redirect")
-    # a clone leaves, the packet itself is consumed: the clone carries no socket, so the sender's
-    # send buffer is released here, as ip_rcv() releases it on the slow path. A plain redirect keeps
-    # the packet charged to its sender's socket until a receiving host's IP stack: a queue in the
-    # fabric then blocked the sender at its socket's send buffer, a back-pressure no switch exerts.
+    # A packet still charged to its sender's socket (the first router after a host) leaves as a
+    # clone and the packet itself is consumed: the clone carries no socket, so the sender's send
+    # buffer is released here, as ip_rcv() releases it on the slow path. A plain redirect kept it
+    # charged until a receiving host's IP stack: a queue in the fabric then blocked the sender at
+    # its socket's send buffer, a back-pressure no switch exerts. A packet with no socket (from
+    # the second router on) leaves by a plain redirect: bpf_clone_redirect() would also copy the
+    # consumed packet's head (it makes the original writable again after cloning).
+    a.op(LDX_DW, R1, R6, SKB_SK)
+    a.jump(JNE_K, R1, "clone", imm=0)
+    a.op(MOV_X, R1, R9)
+    a.op(MOV_K, R2, imm=0)
+    a.op(CALL, imm=BPF_FUNC_REDIRECT)           # TC_ACT_REDIRECT
+    a.op(EXIT)
+    a.label("clone")
     a.op(MOV_X, R1, R6)
     a.op(MOV_X, R2, R9)
     a.op(MOV_K, R3, imm=0)
