@@ -146,10 +146,10 @@ def once(plan, conf: Path, seconds: float, perf: Path | None = None) -> dict:
     before, rx0 = counters(plan), rx_packets(h2)
     gen = subprocess.Popen(["ip", "netns", "exec", h1.namespace, "trafgen", "--dev", h1.interfaces[0].name,
                             "--conf", str(conf), "--cpus", "1", "--no-sock-mem",
-                            # sendto, not trafgen's TX ring: a ring frame reaches r1 with only its
-                            # Ethernet header in the packet's linear part, which the fast path's
-                            # program cannot read the IP header from (it hands such packets to the
-                            # stack); sendto makes a linear packet, as a host's IP stack does
+                            # sendto, not trafgen's TX ring: sendto makes a linear packet, as a
+                            # host's IP stack does; a ring frame has only its Ethernet header in
+                            # the linear part, and r1's program pulls the rest in (a copy the
+                            # lab's own traffic never costs)
                             "--gap", "0"],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            start_new_session=True)  # `ip netns exec` forks: stop trafgen by its group

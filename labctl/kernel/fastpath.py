@@ -9,7 +9,8 @@ output path. The program (kernel/fastprog.py) does the part that costs and chang
 - it puts the packet in its traffic class by DSCP, as the nftables classify chain does
   (skb->priority = 1:(0x10+tc));
 - it lowers the TTL, rewrites the Ethernet header and sends the packet to the egress port's
-  transmit (as a clone, see the end of the program). The packet then passes that port's clsact egress and qdiscs like any other: HTB,
+  transmit (a packet still charged to its sender's socket as a clone, see the end of the
+  program). The packet then passes that port's clsact egress and qdiscs like any other: HTB,
   the class leaves, PFC's TBF, the arrival counters are exactly those of the slow path.
 
 It also marks ECN as the nftables rules of a slow-path router do (dataplane/ecn.py): an ECT(0) or
