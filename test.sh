@@ -3,6 +3,8 @@
 # Tests that build labs use their own state directory and lab names starting with "lt".
 #   ./test.sh [PYTEST ARGS]   the suite on this machine's kernel (LABCTL_TEST_WORKERS=1: one worker)
 #   ./test.sh --vm [--smoke]  the VM tier: labctl in a Vagrant VM on Debian's stock kernel (vm/test-vm.sh)
+#   LABCTL_FORWARDING=slow ./test.sh   the suite with every router on the IP stack (the slow path);
+#                             tests/test_netns_fastpath.py holds the two paths to one another in every run
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 if [ "${1:-}" = "--vm" ]; then

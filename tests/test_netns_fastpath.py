@@ -3,8 +3,8 @@ routers in their tc programs (all but the multipath hop up to a spine), and the 
 the same workload, counts the same bytes, ECN marks and pause frames at the same ports, with
 nothing lost.
 
-Every other test runs on the fast path too (it is the default); this module is the tier that holds
-both paths to one another."""
+Every other test runs on the fast path too (it is the default), and on the slow path with
+`LABCTL_FORWARDING=slow ./test.sh`; this module holds both paths to one another in every run."""
 from __future__ import annotations
 
 import csv
@@ -47,8 +47,10 @@ def port_tx_packets(node) -> int:
     return sum(links[i.name]["tx_packets"] for i in node.interfaces)
 
 
-def test_the_bundled_all_reduce_crosses_two_of_three_router_hops_in_their_programs(built_lab, tmp_path):
+def test_the_bundled_all_reduce_crosses_two_of_three_router_hops_in_their_programs(built_lab, tmp_path,
+                                                                                 monkeypatch):
     require_root()
+    monkeypatch.delenv(fastpath.ENV, raising=False)     # the default path, also in the slow-path tier
     plan = built_lab(LEAF_SPINE)
     assert routers(plan), "the bundled lab has routers"
     def paused(name):
