@@ -61,9 +61,13 @@ def assert_lossless(doc: dict, run: int) -> None:
         print(f"{where}: {react}")
 
 
-@pytest.mark.parametrize("burners", [0, 2], ids=["idle", "two-cpu-burners"])
-def test_the_bundled_incast_loses_nothing_twenty_times_in_a_row(built_lab, tmp_path, burners):
+@pytest.mark.parametrize("burners, reads", [(0, "auto"), (2, "auto"), (2, "poll")],
+                         ids=["idle", "two-cpu-burners", "polling-two-cpu-burners"])
+def test_the_bundled_incast_loses_nothing_twenty_times_in_a_row(built_lab, tmp_path, monkeypatch, burners, reads):
+    """`reads`: how the controller learns queue depths (dataplane/arrivals.py); polling is the path
+    of kernels where the arrival counters do not load, and must hold the same promise."""
     require_root()
+    monkeypatch.setenv("LABCTL_QUEUE_READS", reads)
     plan = built_lab(LEAF_SPINE)                 # the bundled lab as a user gets it, NVLink included
     lab = state.lab_dir(plan.lab)
     loaded = load_workload(INCAST)
