@@ -69,6 +69,7 @@ def test_the_bundled_incast_loses_nothing_twenty_times_in_a_row(built_lab, tmp_p
     require_root()
     monkeypatch.setenv("LABCTL_QUEUE_READS", reads)
     plan = built_lab(LEAF_SPINE)                 # the bundled lab as a user gets it, NVLink included
+    assert plan.queue_reads == ("poll" if reads == "poll" else "arrivals")
     lab = state.lab_dir(plan.lab)
     loaded = load_workload(INCAST)
     with Burners(burners):
