@@ -120,11 +120,34 @@ def test_bad_file_exits_2_and_creates_nothing(state_dir, lab_name):
 
 def test_doctor_finds_what_this_kernel_has_and_leaves_nothing(state_dir):
     require_root()
-    before = set(lab_namespaces(""))
+    # The other test worker's labs come and go meanwhile (they did, both ways, in CI): what doctor
+    # may not touch is a namespace of ours made for it, and what it must not leave is its own.
+    keep = f"ltdockeep{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", keep], check=True)
+    pids = []
+    try:
+        doctor_checks(pids)
+        assert keep in lab_namespaces(keep), "doctor removed a namespace it did not make"
+        # its scratch namespace is named by its PID (another worker may run a doctor of its own)
+        left = [n for n in lab_namespaces("labctl-doctor-") if int(n.rsplit("-", 1)[1]) in pids]
+        assert len(pids) == 3 and not left, ("doctor left its scratch namespace", left)
+    finally:
+        subprocess.run(["ip", "netns", "del", keep], check=False)
+
+
+def doctor(pids: list[int], env: dict) -> dict:
+    """`labctl doctor --json`'s report; its PID appended to `pids`."""
+    p = subprocess.Popen([sys.executable, "-m", "labctl", "doctor", "--json"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env)
+    pids.append(p.pid)
+    out, err = p.communicate()
+    assert p.returncode == 0, err
+    return json.loads(out)
+
+
+def doctor_checks(pids: list[int]):
     default = {k: v for k, v in os.environ.items() if k != "LABCTL_FORWARDING"}   # as in the slow-path tier
-    r = labctl("doctor", "--json", env=default)
-    assert r.returncode == 0, r.stderr
-    report = json.loads(r.stdout)
+    report = doctor(pids, default)
     kernel = {k["name"]: k["present"] for k in report["kernel"]}
     assert kernel["veth"] and kernel["htb"] and kernel["bfifo"]
     # cross-check one absent and one present answer against the tc command line
@@ -150,20 +173,15 @@ def test_doctor_finds_what_this_kernel_has_and_leaves_nothing(state_dir):
     assert ("fixed seed" in features["ECMP"]["mechanism"]) == seeded
     assert ("tc BPF program" in features["ECMP"]["mechanism"]) == (not seeded)
     # labctl's own hash, asked for: doctor loads and attaches the program for real to say "in use"
-    forced = labctl("doctor", "--json", env={**os.environ, "LABCTL_ECMP_HASH": "bpf"})
-    ecmp = next(f for f in json.loads(forced.stdout)["features"] if f["feature"] == "ECMP")
+    forced = doctor(pids, {**default, "LABCTL_ECMP_HASH": "bpf"})
+    ecmp = next(f for f in forced["features"] if f["feature"] == "ECMP")
     assert "tc BPF program" in ecmp["mechanism"] and "LABCTL_ECMP_HASH=bpf" in ecmp["mechanism"]
     assert ecmp["status"] == "in use"
     forwarding = features["forwarding"]
     assert "bpf_fib_lookup" in forwarding["mechanism"] and forwarding["status"] == "in use"
-    slow = labctl("doctor", "--json", env={**os.environ, "LABCTL_FORWARDING": "slow"})
-    forwarding = next(f for f in json.loads(slow.stdout)["features"] if f["feature"] == "forwarding")
+    slow = doctor(pids, {**default, "LABCTL_FORWARDING": "slow"})
+    forwarding = next(f for f in slow["features"] if f["feature"] == "forwarding")
     assert "LABCTL_FORWARDING=slow" in forwarding["mechanism"] and "bpf_fib_lookup" not in forwarding["mechanism"]
-    # Only doctor's own scratch namespaces count: a lab of the other test worker may come up
-    # meanwhile (it did, in CI), and it is not doctor's to remove.
-    after = set(lab_namespaces(""))
-    assert before <= after, "doctor removed a namespace it did not make"
-    assert not [n for n in after if n.startswith("labctl-doctor-")]
 
 
 def test_clean_removes_the_bare_name_of_a_build_killed_between_naming_and_mounting(state_dir, lab_name):
