@@ -105,13 +105,18 @@ def test_export_is_valid_containerlab_and_says_what_it_leaves_out(topology):
         exports.export(plan, "clab", strict=True)
 
 
-def test_strict_export_of_a_lab_containerlab_can_express():
-    text = ("name: plain\ndilation: 1\ndefaults: {rate: 1G}\nqos: {classes: [{name: default, tc: 0}]}\n"
-            "nodes: {a: {kind: host}, s: {kind: switch}, b: {kind: host}}\n"
-            "links: [{endpoints: [a, s]}, {endpoints: [s, b]}]\n")
-    plan = compile_plan(load_topology_text(text, "plain.yml"))
-    doc = yaml.safe_load(exports.export(plan, "clab", strict=True))
+def strict_export(name: str, nodes_and_links: str) -> dict:
+    """A one-class lab at dilation 1 exported strictly, checked against containerlab's schema."""
+    text = (f"name: {name}\ndilation: 1\ndefaults: {{rate: 1G}}\nqos: {{classes: [{{name: default, tc: 0}}]}}\n"
+            + nodes_and_links)
+    doc = yaml.safe_load(exports.export(compile_plan(load_topology_text(text, f"{name}.yml")), "clab", strict=True))
     jsonschema.validate(doc, SCHEMA)
+    return doc
+
+
+def test_strict_export_of_a_lab_containerlab_can_express():
+    strict_export("plain", "nodes: {a: {kind: host}, s: {kind: switch}, b: {kind: host}}\n"
+                           "links: [{endpoints: [a, s]}, {endpoints: [s, b]}]\n")
 
 
 def test_export_reads_back_as_the_same_lab(tmp_path):
@@ -189,12 +194,8 @@ def test_cap_add_becomes_cap_add_a_powerful_line_and_network_mode_is_refused_wit
 
 
 def test_export_writes_cap_add_as_containerlabs_cap_add():
-    text = ("name: caps\ndilation: 1\ndefaults: {rate: 1G}\nqos: {classes: [{name: default, tc: 0}]}\n"
-            "nodes:\n  a: {kind: host, image: labctl/host, cap_add: [NET_ADMIN, SYS_PTRACE]}\n"
-            "  b: {kind: host, image: labctl/host}\nlinks: [{endpoints: [a, b]}]\n")
-    plan = compile_plan(load_topology_text(text, "caps.yml"))
-    doc = yaml.safe_load(exports.export(plan, "clab", strict=True))
-    jsonschema.validate(doc, SCHEMA)
+    doc = strict_export("caps", "nodes:\n  a: {kind: host, image: labctl/host, cap_add: [NET_ADMIN, SYS_PTRACE]}\n"
+                                "  b: {kind: host, image: labctl/host}\nlinks: [{endpoints: [a, b]}]\n")
     nodes = doc["topology"]["nodes"]
     assert nodes["a"]["cap-add"] == ["NET_ADMIN", "SYS_PTRACE"]
     assert "cap-add" not in nodes["b"] and not any("cap_add" in n for n in nodes.values())
