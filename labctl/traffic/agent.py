@@ -152,6 +152,7 @@ def main() -> None:
                 # a flow's packets are forwarded on its sender's CPU (veth has no NAPI): a sender that
                 # migrates between CPUs reorders its own flow, which a NIC never does
                 os.sched_setaffinity(0, {msg["cpu"]})
+            roce.install(msg.get("templates", {}))   # crafted by the controller: no scapy import here
             agent = Agent(msg["rank"], msg["mtu"], {ip: tuple(v) for ip, v in msg["peers"].items()},
                           msg.get("cnp_interval"), msg.get("sport_policy", "per-qp"), msg.get("seed", 1),
                           msg.get("reliable", False), msg.get("gso", True),

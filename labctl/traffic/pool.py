@@ -105,6 +105,8 @@ class AgentPool:
         interval = None
         if options.cnp_interval_us is not None:
             interval = options.cnp_interval_us * 1e-6 * plan.dilation  # real-fabric time x dilation
+        from labctl.traffic import crafting    # scapy: here once, not in each agent
+        templates = crafting.table(roce.OPCODES)
         try:
             for r in ranks:
                 node = self.nodes[r]
@@ -126,6 +128,7 @@ class AgentPool:
                 self._send(r, {"cmd": "init", "rank": r, "mtu": roce.roce_mtu(mtu), "peers": peers,
                                "cnp_interval": interval, "sport_policy": options.sport_policy,
                                "seed": options.seed, "cpu": cpus[len(self.procs) % len(cpus)],
+                               "templates": templates,
                                "reliable": options.reliable, "ooo": options.ooo, "priorities": _priorities(node),
                                "dcqcn": dataclasses.asdict(options.dcqcn_params.scaled(plan.dilation)) if options.dcqcn
                                else None})

@@ -1,10 +1,12 @@
 """RoCEv2 wire format: header templates crafted with scapy once, then PSN and ICRC patched per packet.
 
 scapy needs ~1 ms to build one RoCE packet (its ICRC post_build); a patched template costs a few
-microseconds, so senders keep up with the lab's links (docs/design.md §4 and §8). Frames sent through a UDP
-socket get their Ethernet, IP and UDP headers from the kernel; the ICRC covers the (masked) IP
-and UDP headers, so it is computed here from the header the kernel will write: IP ID 0 (an
-unconnected socket with IP_PMTUDISC_DO), DF, the final lengths, addresses and ports.
+microseconds, so senders keep up with the lab's links (docs/design.md §4 and §8). The templates
+come from `crafting` (scapy): the controller crafts them and installs them in its agents, so that
+an agent does not import scapy. Frames sent through a UDP socket get their Ethernet, IP and UDP
+headers from the kernel; the ICRC covers the (masked) IP and UDP headers, so it is computed here
+from the header the kernel will write: IP ID 0 (an unconnected socket with IP_PMTUDISC_DO), DF,
+the final lengths, addresses and ports.
 """
 from __future__ import annotations
 
@@ -12,12 +14,6 @@ import socket
 import struct
 import zlib
 from functools import lru_cache
-
-import logging
-
-logging.getLogger("scapy.runtime").setLevel(logging.ERROR)  # before scapy loads: no banner or warnings
-from scapy.compat import raw  # noqa: E402  (scapy.all costs a second per agent)
-from scapy.contrib.roce import AETH, BTH, CNPPadding  # noqa: E402
 
 ROCE_PORT = 4791
 DSCP_DATA = 26        # RoCE data: priority 3, lossless, ECN-capable
@@ -31,6 +27,8 @@ SEND_FIRST, SEND_MIDDLE, SEND_LAST, SEND_ONLY = 0x00, 0x01, 0x02, 0x04
 WRITE_FIRST, WRITE_MIDDLE, WRITE_LAST, WRITE_LAST_IMM, WRITE_ONLY, WRITE_ONLY_IMM = 0x06, 0x07, 0x08, 0x09, 0x0A, 0x0B
 ACK = 0x11
 CNP = 0x81
+OPCODES = (SEND_FIRST, SEND_MIDDLE, SEND_LAST, SEND_ONLY, WRITE_FIRST, WRITE_MIDDLE, WRITE_LAST, WRITE_LAST_IMM,
+           WRITE_ONLY, WRITE_ONLY_IMM, ACK, CNP)    # every opcode the agents send
 NAK_PSN_SEQ_ERR = 0x60  # AETH syndrome: NAK, PSN sequence error
 HAS_RETH = {WRITE_FIRST, WRITE_ONLY, WRITE_ONLY_IMM}
 HAS_IMM = {WRITE_LAST_IMM, WRITE_ONLY_IMM}
@@ -61,13 +59,27 @@ def udp_sport(local_qpn: int, remote_qpn: int) -> int:
     return ((fl & 0x3FFF) ^ ((fl & 0xFC000) >> 14)) | 0xC000
 
 
-@lru_cache(maxsize=None)
+_TEMPLATES: dict[str, bytes] = {}
+
+
+def install(table: dict[str, str]) -> None:
+    """Templates crafted elsewhere (`crafting.table`, hex), used from now on in this process."""
+    _TEMPLATES.update({k: bytes.fromhex(v) for k, v in table.items()})
+
+
+def _template(key: str, craft) -> bytes:
+    t = _TEMPLATES.get(key)
+    if t is None:
+        t = _TEMPLATES[key] = craft()
+    return t
+
+
 def bth_template(opcode: int, padcnt: int = 0, ackreq: bool = False, becn: bool = False) -> bytes:
-    """The 12 BTH bytes for an opcode, crafted by scapy (its trailing ICRC placeholder dropped;
-    scapy warns that it has no UDP layer to compute it over, which is why it is dropped)."""
-    logging.getLogger("scapy").setLevel(logging.ERROR)
-    return raw(BTH(opcode=opcode, padcount=padcnt, ackreq=int(ackreq), becn=int(becn), pkey=0xFFFF,
-                   dqpn=0, psn=0))[:BTH_LEN]
+    """The 12 BTH bytes for an opcode, with QP and PSN 0, as scapy crafts them."""
+    def craft():
+        from labctl.traffic import crafting
+        return crafting.bth(opcode, padcnt, ackreq, becn)
+    return _template(f"bth:{opcode}:{padcnt}:{int(ackreq)}:{int(becn)}", craft)
 
 
 def bth(opcode: int, dqpn: int, psn: int, padcnt: int = 0, ackreq: bool = False, becn: bool = False) -> bytes:
@@ -84,10 +96,17 @@ def imm(value: int) -> bytes:
 
 
 def aeth(syndrome: int, msn: int) -> bytes:
-    return raw(AETH(syndrome=syndrome, msn=msn & PSN_MASK))
+    def craft():
+        from labctl.traffic import crafting
+        return crafting.aeth(syndrome)
+    return _template(f"aeth:{syndrome}", craft)[:1] + (msn & PSN_MASK).to_bytes(3, "big")
 
 
-CNP_BODY = raw(CNPPadding())  # 16 reserved zero bytes
+def cnp_body() -> bytes:
+    def craft():
+        from labctl.traffic import crafting
+        return crafting.cnp_body()
+    return _template("cnp", craft)
 
 
 def ipv4_header(src: str, dst: str, total_len: int, tos: int = TOS_DATA, ident: int = 0, ttl: int = 64) -> bytes:
@@ -266,7 +285,7 @@ def ack_payload(src: str, dst: str, sport: int, dqpn: int, psn: int, msn: int, s
 
 def cnp_payload(src: str, dst: str, sport: int, dqpn: int, ident: int = 0) -> bytes:
     """Congestion notification: opcode 0x81, BECN set, PSN 0, 16 reserved zero bytes."""
-    return udp_payload(src, dst, sport, bth(CNP, dqpn, 0, becn=True) + CNP_BODY, ident=ident)
+    return udp_payload(src, dst, sport, bth(CNP, dqpn, 0, becn=True) + cnp_body(), ident=ident)
 
 
 def parse_bth(data: bytes | memoryview) -> tuple[int, int, int, int, bool]:
