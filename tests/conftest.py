@@ -28,10 +28,12 @@ SHARED_WORKER = {
 # their PFC and ECN react from a user-space controller. Beside a second worker's lab the controller
 # reacted in up to 105 ms against a 30 ms headroom (the lossless class lost frames), the queue
 # sampler fell to 62 Hz, and steps ran past their bound. They carry the solo mark: test.sh runs
-# them after the parallel part, one at a time, as every figure in the README was measured.
+# them after the parallel part, one at a time, as every figure in the README was measured. A test
+# in such a module that bounds nothing in time, rate or loss (a lab that comes up and answers
+# pings, an exported script) carries the `untimed` mark and runs in the parallel part.
 SOLO = ("test_netns_lossless", "test_netns_pfc", "test_netns_dcqcn", "test_netns_ecn", "test_netns_ecn_scaled",
         "test_netns_runtime", "test_netns_experiments", "test_netns_traffic", "test_netns_classes",
-        "test_netns_shaping", "test_netns_wan", "test_netns_estimate", "test_netns_esp_wire", "test_netns_frontend",
+        "test_netns_shaping", "test_netns_wan", "test_netns_estimate", "test_netns_esp_wire",
         "test_netns_lb", "test_netns_te", "test_netns_train", "test_netns_mininet", "test_netns_bundled",
         "test_netns_flow_order", "test_netns_fabric")
 # the longest groups start first, so neither worker is left with a long one at the end
@@ -62,7 +64,7 @@ if importlib.util.find_spec("xdist"):
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if Path(item.nodeid.split("::")[0]).stem in SOLO:
+        if Path(item.nodeid.split("::")[0]).stem in SOLO and "untimed" not in item.keywords:
             item.add_marker(pytest.mark.solo)
     rank = {g: i for i, g in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(worker_group(item.nodeid), len(rank)))
