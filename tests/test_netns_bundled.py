@@ -16,10 +16,13 @@ from labctl.traffic.workload import load_workload
 
 ROOT = Path(__file__).resolve().parents[1]
 TOPOLOGIES = sorted((ROOT / "topologies").glob("*.yml"))
-WORKLOADS = sorted((ROOT / "workloads").glob("*.yml"))
+# dcqcn-fair has one size, whose 150 MB take half a minute: tests/test_netns_dcqcn.py runs it whole
+# on the same lab and holds it to these checks and to its fairness, so it is not run twice
+WORKLOADS = sorted(w for w in (ROOT / "workloads").glob("*.yml") if w.stem != "dcqcn-fair")
 pytestmark = pytest.mark.netns
 
 
+@pytest.mark.untimed
 @pytest.mark.parametrize("topology", TOPOLOGIES, ids=[t.stem for t in TOPOLOGIES])
 def test_every_bundled_topology_comes_up_reaches_every_pair_and_goes_down_clean(topology, state_dir, lab_name):
     require_root()
@@ -53,12 +56,16 @@ def labs(tmp_path_factory):
 
 
 def smallest(workload: Path, tmp_path: Path) -> Path:
-    """The workload with only its smallest size, one iteration, no warm-up."""
+    """The workload with only its smallest size, one iteration, no warm-up; its TCP flows send
+    2 MB each, as often as the workload says (the sizes are what takes time, not what is checked)."""
     data = yaml.safe_load(workload.read_text())
     loaded = load_workload(workload)
     if loaded.workload.collective:
         data["sizes"] = [min(loaded.workload.size_list())]
         data["iterations"], data["warmup"] = 1, 0
+    for flow in data.get("flows", []):
+        if "size" in flow:
+            flow["size"] = "2MB"
     out = tmp_path / workload.name
     out.write_text(yaml.safe_dump(data))
     return out
