@@ -97,17 +97,24 @@ def test_dcqcn_holds_the_queue_in_the_marking_band_where_pfc_alone_holds_it_at_x
 
 
 def test_accelerated_dcqcn_converges_to_a_fair_share_around_the_marking_band(built_lab, tmp_path):
-    """workloads/dcqcn-fair.yml (steps of 1% of the line per 10 µs, g = 1/16): two 150 MB flows into
-    one port end within 20% of an equal share over the second half, using at least 80% of the
-    link, with the queue around Kmin (as tests/test_dcqcn.py predicts from the same parameters)
-    and no pause needed."""
+    """workloads/dcqcn-fair.yml, the bundled workload as shipped (steps of 1% of the line per
+    10 µs, g = 1/16): two 150 MB flows into one port end within 20% of an equal share over the
+    second half, using at least 80% of the link, with the queue around Kmin (as
+    tests/test_dcqcn.py predicts from the same parameters), no pause needed and every byte
+    accounted."""
     require_root()
     plan = built_lab(LEAF_SPINE)
     e = plan.ecn
     roce = next(c for c in plan.node("leaf1").iface("srv1-gpu0").shaping.classes if c.ecn)
     p0 = pauses_sent(plan)
-    fair = summary(*two_flows(plan, tmp_path, dcqcn=True, workload=ROOT / "workloads" / "dcqcn-fair.yml"))
+    doc, depths = two_flows(plan, tmp_path, dcqcn=True, workload=ROOT / "workloads" / "dcqcn-fair.yml")
+    fair = summary(doc, depths)
     pauses = pauses_sent(plan) - p0
+    # the bundled workload, whole: test_netns_bundled leaves its byte accounting to this test
+    assert all(r["wrong"] == 0 and not r["timed_out"] for r in doc["results"]), doc["results"]
+    rx = sum(q["packets"] for c in doc["counters"].values() for q in c["rx"])
+    assert rx == sum(q["packets"] for c in doc["counters"].values() for q in c["tx"]) > 0
+    assert doc["loss_ledger"]["lossless_drops"] == 0, doc["loss_ledger"]
     a, b = fair["rates_mbps"]
     line = plan.node("leaf1").iface("srv1-gpu0").shaping.rate_bps / 1e6
     report = f"{fair}, {pauses} pauses, line {line} Mbit/s, Kmin {e.kmin}, XOFF {roce.xoff_bytes}"
