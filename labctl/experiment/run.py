@@ -6,10 +6,12 @@ lab file with its variables); the lab is torn down whatever happens, and once pe
 from __future__ import annotations
 
 import json
+import multiprocessing
 import operator
 import os
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import yaml
@@ -229,30 +231,37 @@ def _fmt(x: float) -> str:
 
 
 def draw(plan, runs: dict[str, Path], out: Path) -> dict[str, list[str]]:
-    """The plots of every run, into the run directory; paths relative to `out`."""
-    figures: dict[str, list[str]] = {}
-    for name, run_dir in runs.items():
-        made = []
-        doc = json.loads((run_dir / "results.json").read_text())
-        drawings = [("queue_depth.png", lambda p: plots.queue_depth(run_dir, plan, p)),
-                    ("throughput.png", lambda p: plots.throughput(run_dir, p)),
-                    ("ecmp_balance.png", lambda p: plots.ecmp_balance(run_dir, plan, p)),
-                    ("pauses_marks.png", lambda p: plots.pauses_and_marks(run_dir, p)),
-                    ("fabric_load.png", lambda p: plots.fabric_load(run_dir, plan, p))]
-        if any(lk.wire for lk in plan.links):
-            # the run's own plan: a sweep over the WAN buffer builds each point's lab anew
-            drawings.append(("wan_queue.png", lambda p: wan.wan_queue_plot(run_dir, LabPlan.from_dict(
-                json.loads((run_dir / "plan.json").read_text())), p)))
-        if doc.get("train"):
-            drawings.append(("bursts.png", lambda p: trainplots.bursts(run_dir, p)))
-        if doc["results"]:
-            drawings += [("timeline.png", lambda p: plots.timeline(run_dir, p)),
-                         ("sender_rates.png", lambda p: plots.sender_rates(run_dir, p))]
-        for file, draw_one in drawings:
-            draw_one(run_dir / file)
-            made.append(str((run_dir / file).relative_to(out)))
-        figures[name] = made
-    return figures
+    """The plots of every run, into the run directory; paths relative to `out`. Runs are drawn on
+    every CPU at once: the labs are down by now, and matplotlib takes about a second per run."""
+    workers = min(len(runs), len(os.sched_getaffinity(0)))
+    if workers < 2:
+        return {name: _draw_run(plan, run_dir, out) for name, run_dir in runs.items()}
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+        made = {name: pool.submit(_draw_run, plan, run_dir, out) for name, run_dir in runs.items()}
+        return {name: future.result() for name, future in made.items()}
+
+
+def _draw_run(plan, run_dir: Path, out: Path) -> list[str]:
+    made = []
+    doc = json.loads((run_dir / "results.json").read_text())
+    drawings = [("queue_depth.png", lambda p: plots.queue_depth(run_dir, plan, p)),
+                ("throughput.png", lambda p: plots.throughput(run_dir, p)),
+                ("ecmp_balance.png", lambda p: plots.ecmp_balance(run_dir, plan, p)),
+                ("pauses_marks.png", lambda p: plots.pauses_and_marks(run_dir, p)),
+                ("fabric_load.png", lambda p: plots.fabric_load(run_dir, plan, p))]
+    if any(lk.wire for lk in plan.links):
+        # the run's own plan: a sweep over the WAN buffer builds each point's lab anew
+        drawings.append(("wan_queue.png", lambda p: wan.wan_queue_plot(run_dir, LabPlan.from_dict(
+            json.loads((run_dir / "plan.json").read_text())), p)))
+    if doc.get("train"):
+        drawings.append(("bursts.png", lambda p: trainplots.bursts(run_dir, p)))
+    if doc["results"]:
+        drawings += [("timeline.png", lambda p: plots.timeline(run_dir, p)),
+                     ("sender_rates.png", lambda p: plots.sender_rates(run_dir, p))]
+    for file, draw_one in drawings:
+        draw_one(run_dir / file)
+        made.append(str((run_dir / file).relative_to(out)))
+    return made
 
 
 def experiment_files(target: Path) -> list[Path]:
