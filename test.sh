@@ -21,7 +21,8 @@ pytest=("$here/.venv/bin/python" -m pytest -q -p no:cacheprovider)
 status=0
 "${pytest[@]}" -n "${LABCTL_TEST_WORKERS:-2}" -m "not solo" tests "$@" || status=$?
 solo=0
-"${pytest[@]}" -m solo tests "$@" || solo=$?
+# the fifteen slowest, so that a CI log says where the solo part's time went
+"${pytest[@]}" -m solo --durations=15 tests "$@" || solo=$?
 if [ "$status" -eq 5 ] && [ "$solo" -eq 5 ]; then exit 5; fi
 [ "$status" -eq 5 ] && status=0
 [ "$solo" -eq 5 ] && solo=0
