@@ -59,27 +59,30 @@ def udp_sport(local_qpn: int, remote_qpn: int) -> int:
     return ((fl & 0x3FFF) ^ ((fl & 0xFC000) >> 14)) | 0xC000
 
 
-_TEMPLATES: dict[str, bytes] = {}
+_TEMPLATES: dict[tuple, bytes] = {}
 
 
 def install(table: dict[str, str]) -> None:
-    """Templates crafted elsewhere (`crafting.table`, hex), used from now on in this process."""
-    _TEMPLATES.update({k: bytes.fromhex(v) for k, v in table.items()})
+    """Templates crafted elsewhere (`crafting.table`: hex, keyed "bth:op:pad:ackreq:becn",
+    "aeth:syndrome", "cnp"), used from now on in this process."""
+    for key, value in table.items():
+        kind, *fields = key.split(":")
+        _TEMPLATES[(kind, *map(int, fields))] = bytes.fromhex(value)
 
 
-def _template(key: str, craft) -> bytes:
-    t = _TEMPLATES.get(key)
-    if t is None:
-        t = _TEMPLATES[key] = craft()
+def _crafted(key: tuple) -> bytes:
+    """A template no table held: crafted here, once (this imports scapy)."""
+    from labctl.traffic import crafting
+    kind, *fields = key
+    t = {"bth": crafting.bth, "aeth": crafting.aeth, "cnp": crafting.cnp_body}[kind](*fields)
+    _TEMPLATES[key] = t
     return t
 
 
 def bth_template(opcode: int, padcnt: int = 0, ackreq: bool = False, becn: bool = False) -> bytes:
     """The 12 BTH bytes for an opcode, with QP and PSN 0, as scapy crafts them."""
-    def craft():
-        from labctl.traffic import crafting
-        return crafting.bth(opcode, padcnt, ackreq, becn)
-    return _template(f"bth:{opcode}:{padcnt}:{int(ackreq)}:{int(becn)}", craft)
+    key = ("bth", opcode, padcnt, int(ackreq), int(becn))
+    return _TEMPLATES.get(key) or _crafted(key)
 
 
 def bth(opcode: int, dqpn: int, psn: int, padcnt: int = 0, ackreq: bool = False, becn: bool = False) -> bytes:
@@ -96,17 +99,12 @@ def imm(value: int) -> bytes:
 
 
 def aeth(syndrome: int, msn: int) -> bytes:
-    def craft():
-        from labctl.traffic import crafting
-        return crafting.aeth(syndrome)
-    return _template(f"aeth:{syndrome}", craft)[:1] + (msn & PSN_MASK).to_bytes(3, "big")
+    t = _TEMPLATES.get(("aeth", syndrome)) or _crafted(("aeth", syndrome))
+    return t[:1] + (msn & PSN_MASK).to_bytes(3, "big")
 
 
 def cnp_body() -> bytes:
-    def craft():
-        from labctl.traffic import crafting
-        return crafting.cnp_body()
-    return _template("cnp", craft)
+    return _TEMPLATES.get(("cnp",)) or _crafted(("cnp",))
 
 
 def ipv4_header(src: str, dst: str, total_len: int, tos: int = TOS_DATA, ident: int = 0, ttl: int = 64) -> bytes:
