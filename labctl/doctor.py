@@ -206,11 +206,7 @@ def features(k: dict[str, bool]) -> list[dict]:
                                                                   " (mqprio present, not needed)"),
          "status": "in use" if k.get("htb") and k.get("nftables") else "MISSING nftables"},
         _queue_reads(k),
-        {"feature": "ECN marking", "mechanism": pick("RED present; labctl's controller is used everywhere",
-                                                     "controller reading class backlogs (batched qdisc GETs) "
-                                                     "switching nftables `ip ecn set ce` rules",
-                                                     k.get("red", False)),
-         "status": "in use" if k.get("nftables") else "MISSING nftables"},
+        _ecn_marking(k),
         {"feature": "DCQCN", "mechanism": "CNPs from receiving agents (notification point), per-QP rate "
                                           "pacing in sending agents (reaction point)", "status": "in use"},
         {"feature": "PFC pause", "mechanism": "controller sends 802.1Qbb frames past XOFF; a paused port's "
@@ -295,6 +291,25 @@ def _forwarding() -> dict:
             "status": "in use" if wanted == "auto" else f"FAILED: the program did not load here; unset {fastpath.ENV}"}
 
 
+def _ecn_marking(k: dict[str, bool]) -> dict:
+    from labctl.kernel import ecnpath
+    wanted = ecnpath.mode()
+    controller = ("the controller: it reads class backlogs (batched qdisc GETs) and switches nftables "
+                  "`ip ecn set ce` rules (and the fast path's marking slots) between 16 levels of the profile"
+                  + (" (RED present, not needed)" if k.get("red") else ""))
+    if wanted == "controller":
+        return {"feature": "ECN marking", "mechanism": f"{controller}; {ecnpath.ENV}=controller",
+                "status": "in use" if k.get("nftables") else "MISSING nftables"}
+    datapath = ("in the data path: a tc BPF program on each switch port's egress marks every ECT packet on the "
+                "depth its class has as it arrives (what entered, less what a program on the link's far end saw "
+                "leave); the controller only corrects that estimate from its reads. Ports whose far end labctl "
+                "did not make fall back to " + controller)
+    if ecnpath.available():
+        return {"feature": "ECN marking", "mechanism": datapath, "status": "in use"}
+    return {"feature": "ECN marking", "mechanism": controller,
+            "status": "in use" if wanted == "auto" else f"FAILED: the programs did not load here; unset {ecnpath.ENV}"}
+
+
 def lab_paths() -> list[dict]:
     """For each lab that is up: its routers on the fast path and on the slow path, read from the
     ports (the program attached or not), not from what `up` meant to do."""
@@ -308,15 +323,31 @@ def lab_paths() -> list[dict]:
         except Exception as exc:         # a half-built or foreign record: say so, do not stop the report
             out.append({"lab": d.name, "error": str(exc)})
             continue
-        fast, slow = [], []
+        fast, slow, marking = [], [], []
         for node in plan.nodes:
+            if node.switching and any(c.ecn for i in node.interfaces for c in i.shaping.classes):
+                try:
+                    if _marks_in_data_path(node):
+                        marking.append(node.name)
+                except OSError:
+                    pass
             if node.forwarding and not node.bridged:
                 try:
                     (fast if fastmaps.forwarded(node) is not None else slow).append(node.name)
                 except OSError:
                     slow.append(node.name)
-        out.append({"lab": d.name, "fast_path": fast, "slow_path": slow})
+        out.append({"lab": d.name, "fast_path": fast, "slow_path": slow, "ecn_in_data_path": marking})
     return out
+
+
+def _marks_in_data_path(node) -> bool:
+    from labctl.kernel import ecnpath, nsutil
+    with nsutil.netlink_socket(node.namespace) as sock:
+        queues = ecnpath.open_queues(sock, node)
+    if queues is None:
+        return False
+    queues.close()
+    return True
 
 
 def _queue_reads(k: dict[str, bool]) -> dict:

@@ -67,6 +67,7 @@ class Skb:
         self.redirected: tuple[int, int] | None = None           # bpf_clone_redirect(ifindex, flags)
         self.cloned = False                                      # by bpf_clone_redirect, not bpf_redirect
         self.hash_cleared = False                                # bpf_set_hash_invalid()
+        self.written = False                                     # bpf_skb_store_bytes() changed it
 
 
 class Vm:
@@ -143,6 +144,23 @@ class Vm:
                 for i in range(n):
                     store(r[3] + i, 1, skb.frame[off + i])
                 return 0
+            if helper == 9:                                  # skb_store_bytes(skb, offset, from, len, flags)
+                off, n = r[2], r[4]
+                if off + n > len(regions[PACKET]):
+                    return (-14) & M64
+                regions[PACKET][off:off + n] = bytes(load(r[3] + i, 1) for i in range(n))
+                skb.written = True
+                return 0
+            if helper == 10:                                 # l3_csum_replace(skb, offset, from, to, 2)
+                assert r[5] == 2, "only 16-bit replacements are known here"
+                off = r[2]
+                old = int.from_bytes(regions[PACKET][off:off + 2], "little")
+                # csum_replace2(), in the memory order the values were loaded in
+                total = (~old & 0xFFFF) + (~r[3] & 0xFFFF) + (r[4] & 0xFFFF)
+                while total >> 16:
+                    total = (total & 0xFFFF) + (total >> 16)
+                regions[PACKET][off:off + 2] = (~total & 0xFFFF).to_bytes(2, "little")
+                return 0
             if helper == 69:                                 # fib_lookup(skb, params, 64, flags)
                 assert r[3] == 64 and self.fib is not None
                 mem, off = region(r[2], 64)
@@ -201,6 +219,7 @@ class Vm:
                 r[dst] = {0x00: lambda: a + x, 0x10: lambda: a - x, 0x20: lambda: a * x,
                           0x40: lambda: a | x, 0x50: lambda: a & x, 0x60: lambda: a << (x & 63),
                           0x70: lambda: a >> (x & 63), 0x80: lambda: -a, 0x90: lambda: a % x if x else a,
+                          0x30: lambda: a // x if x else 0,
                           0xA0: lambda: a ^ x, 0xB0: lambda: x,
                           0xC0: lambda: signed(a) >> (x & 63)}[code]() & M64
             elif cls == 0x01:                                # LDX

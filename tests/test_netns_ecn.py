@@ -45,9 +45,16 @@ class Receiver(threading.Thread):
                 self.ce += anc and anc[0][2][0] & 3 == 3
 
 
-def test_marking_fraction_follows_the_profile_at_standing_queue_depths(built_lab):
+@pytest.mark.parametrize("marking", ["datapath", "controller"])
+def test_marking_fraction_follows_the_profile_at_standing_queue_depths(built_lab, monkeypatch, marking):
+    """Both marking mechanisms (kernel/ecnpath.py, and the controller's rules of dataplane/ecn.py)."""
     require_root()
+    from labctl import doctor
+    from labctl.kernel import ecnpath
+    monkeypatch.setenv(ecnpath.ENV, marking)
     plan = built_lab(BOTTLENECK)
+    (entry,) = [e for e in doctor.lab_paths() if e["lab"] == plan.lab]
+    assert entry["ecn_in_data_path"] == (["r1"] if marking == "datapath" else []), entry
     h1, r1, h2 = plan.node("h1"), plan.node("r1"), plan.node("h2")
     egress = r1.iface("h2")
     roce = next(c for c in egress.shaping.classes if c.ecn)
@@ -102,6 +109,7 @@ def test_marking_fraction_follows_the_profile_at_standing_queue_depths(built_lab
         sender.join(timeout=5)
         qsock.close()
     report = [f"depth {m / 1e3:.0f} kB: marked {f:.3f} vs profile {w:.3f} ({n} packets)" for _, m, n, f, w in results]
+    print(marking, *report, sep="\n")
     bands = [(0, e.kmin)] + [(e.kmin, e.kmax)] * 3 + [(e.kmax, 4 << 20)]
     for (target, mean, n, frac, want), (low, high) in zip(results, bands):
         assert n > 1000, report

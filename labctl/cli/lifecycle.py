@@ -132,7 +132,8 @@ def doctor(as_json):
             continue
         fast, slow = lab["fast_path"], lab["slow_path"]
         out.print(f"lab {lab['lab']}: {len(fast)} routers forward on the fast path"
-                  + (f", {len(slow)} on the slow path ({', '.join(slow)})" if slow else ""))
+                  + (f", {len(slow)} on the slow path ({', '.join(slow)})" if slow else "")
+                  + f"; {len(lab.get('ecn_in_data_path', []))} switches mark ECN in the data path")
     if not report["root"]:
         out.print("[yellow]not root:[/] kernel probes were skipped; run `sudo labctl doctor`")
 

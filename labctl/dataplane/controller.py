@@ -130,9 +130,10 @@ class Controller:
         release them one by one, for tens of seconds after `down` at 1,024 GPUs."""
         pfcport.close_all([p.sock for p in self.pfc_ports] + self.kick_socks)
         for sw in self.switches:
-            if sw.fast_marking is not None:
-                sw.fast_marking.close()
-                sw.fast_marking = None
+            for held in (sw.fast_marking, sw.path_marking):
+                if held is not None:
+                    held.close()
+            sw.fast_marking = sw.path_marking = None
         if self.bounds is not None:
             self.bounds.close()
 
@@ -159,6 +160,7 @@ class Controller:
         for sw in self.nodes:
             for key, (tc, _) in list(sw.ecn_ports.items()):
                 sw.ecn_ports[key] = (tc, self._settings(doc["ports"], sw.node.name, key[0], tc))
+            switch.write_profiles(sw)
             for port in sw.pfc.values():
                 port.settings = self._settings(doc["ports"], sw.node.name, port.iface.index, port.cls.tc)
                 if not port.settings.pfc:
@@ -175,6 +177,7 @@ class Controller:
         busy, due = False, self.idle
         now = time.monotonic()
         congested: set[str] = set()      # egress ports whose lossless queue is past XOFF
+        counted = sw.path_marking.counts() if sw.path_marking is not None else None
         if places is None:
             backlogs = qdepth.backlogs_get(sw.sock, sw.request) if sw.wanted else {}
         else:
@@ -191,6 +194,11 @@ class Controller:
             busy = busy or backlog > 0
             threshold = None          # the nearest depth at which this queue needs a prompt read
             marking = sw.ecn_ports.get(key)
+            if marking is not None and sw.path_marking is not None:
+                # the ports mark each packet themselves: the read only corrects their depth estimate
+                if places is None or key not in known:
+                    sw.path_marking.resync(key[0], marking[0], backlog, counted)
+                marking = None
             if marking is not None:
                 tc, st = marking
                 n = ecn.level(backlog, st.kmin, st.kmax, st.pmax, sw.marking[(key[0], tc)]) if st.ecn else 0

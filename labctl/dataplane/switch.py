@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from labctl.dataplane import ecn, pfcport
-from labctl.kernel import fastmaps, nsutil, rtnl
+from labctl.kernel import ecnpath, fastmaps, nsutil, rtnl
 from labctl.kernel.nft import Nft
 from labctl.plan import feeders, qos
 from labctl.plan.model import LabPlan, Node
@@ -40,6 +40,7 @@ class Switch:
     place: dict = field(default_factory=dict)     # queue -> its place in the switch's request
     kick_sock: object = None                      # pfcport.kick_socket of a node with lossless classes
     fast_marking: object = None                   # fastmaps.Marking: the router's program marks
+    path_marking: object = None                   # ecnpath.Queues: its ports mark in the data path
 
 
 def served(plan: LabPlan) -> list[tuple[Node, list, list]]:
@@ -66,10 +67,13 @@ def open_switch(plan: LabPlan, node: Node, lossless: list, ports: list, nft: Nft
                 family=nft_family(node), kick_sock=kick_sock)
     if ports:
         sw.nft.run(ecn.setup_rules(ports, sw.family))
-        sw.fast_marking = fastmaps.open_marking(sock, node, writable=True)
+        sw.path_marking = ecnpath.open_queues(sock, node, writable=True)
+        if sw.path_marking is None:
+            sw.fast_marking = fastmaps.open_marking(sock, node, writable=True)
     for ifindex, tc, _ in ports:
         sw.ecn_ports[(ifindex, (qos.leaf_handle(tc) >> 16))] = (tc, settings(node.name, ifindex, tc))
         sw.marking[(ifindex, tc)] = 0
+    write_profiles(sw)
     for i, c in lossless:
         sw.pfc[(i.index, qos.leaf_handle(c.tc) >> 16)] = pfcport.Port(
             node, i, c, macs[(i.peer_node, i.peer_iface)], sock, settings(node.name, i.index, c.tc), kick_sock)
@@ -82,3 +86,11 @@ def open_switch(plan: LabPlan, node: Node, lossless: list, ports: list, nft: Nft
     sw.request = (b"".join(sw.messages), keys)
     sw.place = {key: i for i, key in enumerate(sw.request[1])}
     return sw
+
+
+def write_profiles(sw: Switch) -> None:
+    """The ECN profile in force on each marking class, into the data path's slots (if it marks there)."""
+    if sw.path_marking is None:
+        return
+    for (ifindex, _), (tc, st) in sw.ecn_ports.items():
+        sw.path_marking.set_profile(ifindex, tc, st.kmin, st.kmax, st.pmax, st.ecn)

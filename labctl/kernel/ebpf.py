@@ -33,6 +33,7 @@ SKB_SK = 168                # struct bpf_sock *, NULL when no socket owns the pa
 # helpers
 BPF_FUNC_MAP_LOOKUP_ELEM, BPF_FUNC_MAP_UPDATE_ELEM, BPF_FUNC_KTIME_GET_NS = 1, 2, 5
 BPF_FUNC_SKB_LOAD_BYTES, BPF_FUNC_SET_HASH = 26, 48
+BPF_FUNC_SKB_STORE_BYTES, BPF_FUNC_L3_CSUM_REPLACE = 9, 10
 BPF_FUNC_GET_PRANDOM_U32, BPF_FUNC_CLONE_REDIRECT, BPF_FUNC_SET_HASH_INVALID, BPF_FUNC_FIB_LOOKUP = 7, 13, 41, 69
 BPF_FUNC_REDIRECT, BPF_FUNC_SKB_PULL_DATA = 23, 39
 BPF_ANY = 0
@@ -44,6 +45,7 @@ TC_ACT_REDIRECT = 7         # what bpf_redirect() returns: out by the port it na
 MOV_X, MOV_K, ADD_X, ADD_K, SUB_X, SUB_K, AND_K, OR_X, XOR_X, MUL_X, MUL_K, MOD_K, LSH_K, RSH_K, NEG = \
     0xBF, 0xB7, 0x0F, 0x07, 0x1F, 0x17, 0x57, 0x4F, 0xAF, 0x2F, 0x27, 0x97, 0x67, 0x77, 0x87
 AND_X, OR_K = 0x5F, 0x47
+DIV_X = 0x3F                                # unsigned 64-bit; by 0 gives 0, no fault
 MOV32_X = 0xBC                              # 32-bit move: the upper half cleared
 BE = 0xDC                                   # to network order (a no-op on a big-endian CPU)
 LDX_DW, LDX_W, LDX_H, LDX_B = 0x79, 0x61, 0x69, 0x71

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labctl import backends, helpers, state
-from labctl.kernel import flowhash, lb
-from labctl.dataplane import arrivals
+from labctl.kernel import ecnpath, flowhash, lb
+from labctl.dataplane import arrivals, control
 from labctl.errors import InputError, Where
 from labctl.backends.base import own_namespaces, refuse_taken_namespaces
 from labctl.kinds import node_kind
@@ -70,6 +70,7 @@ def build(loaded: Loaded, backend: str = "netns", progress=None,
             raise
         try:
             lb.wire(plan)
+            ecnpath.wire(plan, lambda n, i, c: control.settings_for(plan, n, i, c, {}))
             software.run_exec_lines(plan, lab, progress)
             software.learn_addresses(plan, lab)
             converged = convergence.wait_converged(plan)

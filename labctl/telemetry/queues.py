@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-from labctl.kernel import fastmaps, nsutil
+from labctl.kernel import ecnpath, fastmaps, nsutil
 from labctl.plan import qos
 from labctl.plan.model import LabPlan, Node
 from labctl.telemetry import nftcounters, qdepth
@@ -27,7 +27,9 @@ def node_queues(plan: LabPlan, node: Node, iface: str | None = None, settings=No
     settings = settings or (lambda n, i, c: plan_settings(plan, n, i, c))
     with nsutil.netlink_socket(node.namespace) as sock:
         stats = {(q.ifindex, q.handle >> 16): q for q in qdepth.dump(sock)}
-        marking = fastmaps.open_marking(sock, node)      # a fast-path router marks in its program
+        # a node marking in the data path counts its marks in its programs' map, and so does a
+        # fast-path router for what its program forwards
+        marking = ecnpath.open_queues(sock, node) or fastmaps.open_marking(sock, node)
     with nsutil.entered(node.namespace):
         nft_sock = nftcounters.open_socket()
     try:

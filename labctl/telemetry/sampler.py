@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from labctl import procs
-from labctl.kernel import fastmaps, nsutil, rtnl
+from labctl.kernel import ecnpath, fastmaps, nsutil, rtnl
 from labctl.plan import qos
 from labctl.telemetry import nftcounters, qdepth
 from labctl.telemetry.nftcounters import family_of as nft_family
@@ -66,7 +66,7 @@ class QueueSampler:
         self.pfc = PfcFile(Path(lab_path) / "pfc.json" if lab_path else None)
         self.names: dict[tuple[str, int, int], tuple[str, str, int]] = {}
         self.socks = []
-        self.marking: dict[str, fastmaps.Marking] = {}    # fast-path routers mark in their programs
+        self.marking: dict = {}     # nodes whose programs mark (ecnpath.Queues, fastmaps.Marking)
         for node in plan.nodes:
             if not nsutil.exists(node.namespace):
                 continue
@@ -75,7 +75,8 @@ class QueueSampler:
                 self.socks.append((node.name, rtnl.open_socket(), nftcounters.open_socket() if marks else None,
                                    nft_family(node)))
             if marks:
-                found = fastmaps.open_marking(self.socks[-1][1], node)
+                sock = self.socks[-1][1]
+                found = ecnpath.open_queues(sock, node) or fastmaps.open_marking(sock, node)
                 if found is not None:
                     self.marking[node.name] = found
             for i in node.interfaces:

@@ -1,0 +1,388 @@
+"""ECN marking in the data path: every packet marked on the queue depth it meets, in the kernel.
+
+The controller's marking (dataplane/ecn.py) sets a probability per port and class from the depth
+it last read, and the packets meet that probability until its next read: up to a millisecond and
+a read's cost later, and in 16 steps. A switch marks on the depth each packet finds. Here a
+switch port does the same, with two tc programs per port and one array map per switch:
+
+- on the port's egress, before the packet enters its class queue, the **marking program** finds
+  the class from the DSCP (the classify chain's own map), takes the class's depth from the map,
+  marks an ECT packet CE with the RED-like probability of that depth (0 below Kmin, rising to
+  Pmax at Kmax, 1 above: qos.marking_probability), and adds the packet's length to what arrived;
+- on the ingress of the port at the far end of the link (a neighbour's port, a host's NIC, or a
+  WAN line's near port), the **departure program** adds the length to what left.
+
+So a class's depth is what entered the queue and has not reached the far end: the queue itself,
+plus the few frames between the queue and the neighbour's receive (a veth hands a frame over in
+the same call, the neighbour's CPU backlog holds it briefly). A frame lost between the two
+counters (a lossy class's full queue) would stay counted: the controller, which still reads
+queues for PFC, puts the estimate back on the backlog it reads whenever the two disagree by more
+than `SLACK` (`Queues.resync`).
+
+Value per (port, class), 48 bytes, mapped into the controller's memory:
+
+    u64 arrived | u64 departed | s64 offset | u32 kmin | u32 span (kmax - kmin, >= 1)
+    u32 pmax (n/65536 at Kmax) | u32 on | u64 marks
+
+The controller writes the profile (and `labctl tc set` through it); `up` writes the plan's.
+
+    LABCTL_ECN_MARKING=auto|datapath|controller   (auto: the data path where the programs load)
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import sys
+
+import numpy as np
+
+from labctl import switches
+from labctl.errors import LabError
+from labctl.kernel import ebpf, nsutil, rtnl
+from labctl.kernel.ebpf import (ADD_K, AND_K, ATOMIC_ADD_DW, BPF_FUNC_GET_PRANDOM_U32, BPF_FUNC_L3_CSUM_REPLACE,
+                                BPF_FUNC_MAP_LOOKUP_ELEM, BPF_FUNC_SKB_LOAD_BYTES, BPF_FUNC_SKB_STORE_BYTES, CALL,
+                                DIV_X, EXIT, JA, JEQ_K, JGE_X, JNE_K, JSGT_X, LDX_B, LDX_DW, LDX_H, LDX_W, MOV_K,
+                                MOV_X, MUL_X, OR_K, R0, R1, R2, R3, R4, R5, R6, R7, R8, R9, R10, RSH_K, SKB_LEN,
+                                STX_B, STX_DW, STX_W, SUB_X, TC_ACT_UNSPEC, Asm)
+from labctl.plan import qos
+from labctl.plan.model import LabPlan, Node
+
+ENV = "LABCTL_ECN_MARKING"
+MODES = ("auto", "datapath", "controller")
+MAP, MARK, DEPART = "labctl_ecnq", "labctl_ecnmark", "labctl_ecndep"
+CLASSES = 8
+ARRIVED, DEPARTED, OFFSET, KMIN, SPAN, PMAX, ON, MARKS = 0, 8, 16, 24, 28, 32, 36, 40
+VALUE = 48
+SCALE = 65536
+PREF_MARK = PREF_DEPART = 4   # after the arrival counter (egress 1) and lb's counters (2, 3); before the fast path (ingress 100)
+HANDLE = 1
+ETH = 14
+KEY, WORD, NEW_TOS, DRAW = -4, -8, -12, -24
+# Two full-size jumbo frames: what may sit between a queue and its neighbour's receive when the
+# controller reads it, so a difference below this is the wire, not a lost frame
+SLACK = 2 * 9216
+
+
+def mode() -> str:
+    return switches.choice(ENV, MODES, "a way of marking ECN")
+
+
+_AVAILABLE: list[bool] = []
+
+
+def available() -> bool:
+    """Whether this kernel loads both programs (asked once, with a throwaway map)."""
+    if not _AVAILABLE:
+        ok = ebpf.supported() and sys.byteorder == "little"
+        fds = []
+        if ok:
+            try:
+                fds.append(ebpf.array_map(CLASSES, VALUE, MAP, mmapable=True))
+                fds.append(ebpf.load_program(mark_program(fds[0], 0, {26: 3}), MARK))
+                fds.append(ebpf.load_program(depart_program(fds[0], 0, {26: 3}), DEPART))
+            except ebpf.BpfError:
+                ok = False
+            finally:
+                for fd in fds:
+                    os.close(fd)
+        _AVAILABLE.append(ok)
+    return _AVAILABLE[0]
+
+
+def dscp_classes(node: Node) -> dict[int, int]:
+    """DSCP -> traffic class as the node's classify chain maps them (kernel/nft.py)."""
+    if not node.interfaces or not node.interfaces[0].shaping.classes:
+        return {}
+    specs = [{"tc": c.tc, "dscp": c.dscp} for c in node.interfaces[0].shaping.classes]
+    return dict(qos.dscp_map(specs))
+
+
+def _class_of(a: Asm, classes: dict[int, int], base: int, tos_reg: int) -> None:
+    """R1 = base + the class of the DSCP in `tos_reg`'s upper six bits; a DSCP in no class jumps to "out"."""
+    a.op(MOV_X, R2, tos_reg)
+    a.op(RSH_K, R2, imm=2)
+    for dscp in sorted(classes):
+        a.jump(JEQ_K, R2, f"dscp{dscp}", imm=dscp)
+    a.jump(JA, 0, "out")
+    for dscp, tc in sorted(classes.items()):
+        a.label(f"dscp{dscp}")
+        a.op(MOV_K, R1, imm=base + tc)
+        a.jump(JA, 0, "slot")
+    a.label("slot")
+
+
+def _slot(a: Asm, map_fd: int) -> None:
+    """R0: the value of slot R1, or "out"."""
+    a.op(STX_W, R10, R1, KEY)
+    a.ld_map(R1, map_fd)
+    a.op(MOV_X, R2, R10)
+    a.op(ADD_K, R2, imm=KEY)
+    a.op(CALL, imm=BPF_FUNC_MAP_LOOKUP_ELEM)
+    a.jump(JEQ_K, R0, "out", imm=0)
+
+
+def _load_word(a: Asm) -> None:
+    """The IP header's first 16 bits (version and IHL, DSCP and ECN) onto the stack at WORD, from
+    wherever they lie in the frame (a packet socket's frame may hold only the Ethernet header in
+    its linear part); a frame too short jumps to "out"."""
+    a.op(MOV_X, R1, R6)
+    a.op(MOV_K, R2, imm=ETH)
+    a.op(MOV_X, R3, R10)
+    a.op(ADD_K, R3, imm=WORD)
+    a.op(MOV_K, R4, imm=2)
+    a.op(CALL, imm=BPF_FUNC_SKB_LOAD_BYTES)
+    a.jump(JNE_K, R0, "out", imm=0)
+
+
+def mark_program(map_fd: int, base: int, classes: dict[int, int]) -> bytes:
+    """The egress program of the port whose slots start at `base`."""
+    if sys.byteorder != "little":
+        raise LabError("ECN marking in the data path is written for little-endian CPUs",
+                       f"set {ENV}=controller")
+    a = Asm()
+    a.op(MOV_X, R6, R1)
+    _load_word(a)
+    a.op(LDX_B, R9, R10, WORD + 1)              # DSCP and ECN
+    _class_of(a, classes, base, R9)
+    _slot(a, map_fd)
+    a.op(MOV_X, R8, R0)
+    a.op(LDX_W, R7, R6, SKB_LEN)
+    a.op(MOV_X, R1, R9)
+    a.op(AND_K, R1, imm=3)
+    a.jump(JEQ_K, R1, "count", imm=0)           # not ECN-capable: never marked
+    a.jump(JEQ_K, R1, "count", imm=3)           # CE already
+    a.op(LDX_W, R1, R8, ON)
+    a.jump(JEQ_K, R1, "count", imm=0)
+    # depth = arrived - departed - offset, as signed: the offset may overshoot by a frame in flight
+    a.op(LDX_DW, R1, R8, ARRIVED)
+    a.op(LDX_DW, R2, R8, DEPARTED)
+    a.op(SUB_X, R1, R2)
+    a.op(LDX_DW, R2, R8, OFFSET)
+    a.op(SUB_X, R1, R2)
+    a.op(LDX_W, R2, R8, KMIN)
+    a.jump(JSGT_X, R2, "count", src=R1)         # below Kmin
+    a.op(SUB_X, R1, R2)
+    a.op(LDX_W, R2, R8, SPAN)
+    a.jump(JGE_X, R1, "mark", src=R2)           # at or past Kmax: every ECT packet
+    a.op(LDX_W, R3, R8, PMAX)
+    a.op(MUL_X, R1, R3)
+    a.op(DIV_X, R1, R2)                         # n = pmax x (depth - kmin) / (kmax - kmin)
+    a.op(STX_DW, R10, R1, DRAW)
+    a.op(CALL, imm=BPF_FUNC_GET_PRANDOM_U32)
+    a.op(AND_K, R0, imm=SCALE - 1)
+    a.op(LDX_DW, R1, R10, DRAW)
+    a.jump(JGE_X, R0, "count", src=R1)          # draw >= n: not this one
+    a.label("mark")
+    # IP_ECN_set_ce(): the ECN bits become 11 and the header checksum follows. Through helpers,
+    # which copy a shared (cloned) packet only when they write it: a direct write would make
+    # every cloned packet's head be copied before the program ran
+    a.op(MOV_X, R1, R9)
+    a.op(OR_K, R1, imm=3)
+    a.op(STX_B, R10, R1, NEW_TOS)
+    a.op(MOV_X, R1, R6)
+    a.op(MOV_K, R2, imm=ETH + 1)
+    a.op(MOV_X, R3, R10)
+    a.op(ADD_K, R3, imm=NEW_TOS)
+    a.op(MOV_K, R4, imm=1)
+    a.op(MOV_K, R5, imm=0)
+    a.op(CALL, imm=BPF_FUNC_SKB_STORE_BYTES)
+    a.jump(JNE_K, R0, "count", imm=0)
+    a.op(MOV_X, R1, R6)
+    a.op(MOV_K, R2, imm=ETH + 10)
+    a.op(LDX_H, R3, R10, WORD)                  # the old and new first words, as they lie in memory:
+    a.op(MOV_X, R4, R3)                         # on a little-endian CPU the DSCP/ECN byte is the high one
+    a.op(OR_K, R4, imm=0x0300)
+    a.op(MOV_K, R5, imm=2)
+    a.op(CALL, imm=BPF_FUNC_L3_CSUM_REPLACE)
+    a.op(MOV_K, R1, imm=1)
+    a.op(ATOMIC_ADD_DW, R8, R1, MARKS)
+    a.label("count")
+    a.op(ATOMIC_ADD_DW, R8, R7, ARRIVED)
+    a.label("out")
+    a.op(MOV_K, R0, imm=TC_ACT_UNSPEC)
+    a.op(EXIT)
+    return a.assemble()
+
+
+def depart_program(map_fd: int, base: int, classes: dict[int, int]) -> bytes:
+    """The ingress program of the far end of the port whose slots start at `base`."""
+    a = Asm()
+    a.op(MOV_X, R6, R1)
+    _load_word(a)
+    a.op(LDX_B, R9, R10, WORD + 1)
+    _class_of(a, classes, base, R9)
+    _slot(a, map_fd)
+    a.op(LDX_W, R1, R6, SKB_LEN)
+    a.op(ATOMIC_ADD_DW, R0, R1, DEPARTED)
+    a.label("out")
+    a.op(MOV_K, R0, imm=TC_ACT_UNSPEC)
+    a.op(EXIT)
+    return a.assemble()
+
+
+def profile(kmin: int, kmax: int, pmax: float, on: bool) -> bytes:
+    """The 16 profile bytes of a slot (KMIN..MARKS)."""
+    return struct.pack("=IIII", min(kmin, 0xFFFFFFFF), max(1, min(kmax - kmin, 0xFFFFFFFF)),
+                       round(pmax * SCALE), int(on))
+
+
+def far_end(plan: LabPlan, node: Node, iface) -> tuple[str, int] | None:
+    """(namespace, ifindex) of the port that receives what `iface` sends, if labctl made it."""
+    link = plan.links[iface.link] if 0 <= iface.link < len(plan.links) else None
+    if link is not None and link.wire is not None:
+        mine = f"{node.name}:{iface.name}"
+        return (link.wire.near, link.wire.near_index) if link.a == mine else (link.wire.far, link.wire.far_index)
+    peer = next((n for n in plan.nodes if n.name == iface.peer_node), None)
+    if peer is None:
+        return None
+    port = next((i for i in peer.interfaces if i.name == iface.peer_iface), None)
+    return (peer.namespace, port.index) if port is not None else None
+
+
+def marking_nodes(plan: LabPlan) -> list[tuple[Node, list[tuple[str, int] | None]]]:
+    """Switching nodes with an ECN class whose every port's far end labctl made, with those ends."""
+    out = []
+    for node in plan.nodes:
+        if not (node.switching and any(c.ecn for i in node.interfaces for c in i.shaping.classes)):
+            continue
+        ends = [far_end(plan, node, i) for i in node.interfaces]
+        if all(e is not None for e in ends):
+            out.append((node, ends))
+    return out
+
+
+def wire(plan: LabPlan, settings) -> list[str]:
+    """At `up`: the programs on every marking node's ports and their far ends, and the plan's
+    profiles (`settings(node, iface, cls)`: control.PortSettings). The names of the nodes that mark
+    in the data path; the others are left to the controller's marking."""
+    if mode() == "controller":
+        return []
+    done = []
+    for node, ends in marking_nodes(plan):
+        try:
+            _wire_node(node, ends, settings)
+        except (ebpf.BpfError, rtnl.NetlinkError) as exc:
+            if mode() == "datapath":
+                raise LabError(f"{node.name}: ECN marking in the data path failed: {exc}",
+                               f"unset {ENV} (auto leaves the marking to the controller)") from None
+            continue
+        done.append(node.name)
+    return done
+
+
+def _wire_node(node: Node, ends: list[tuple[str, int]], settings) -> None:
+    classes = dscp_classes(node)
+    fd = ebpf.array_map(len(node.interfaces) * CLASSES, VALUE, MAP, mmapable=True)
+    progs: list[int] = []
+    try:
+        for k, iface in enumerate(node.interfaces):
+            for c in iface.shaping.classes:
+                s = settings(node, iface, c)
+                value = bytes(KMIN) + profile(s.kmin, s.kmax, s.pmax, s.ecn) + bytes(8)
+                ebpf.update(fd, struct.pack("=I", k * CLASSES + c.tc), value)
+        by_ns: dict[str, list[tuple[int, int, bool, str]]] = {}
+        for k, (iface, (ns, index)) in enumerate(zip(node.interfaces, ends)):
+            progs.append(ebpf.load_program(mark_program(fd, k * CLASSES, classes), MARK))
+            by_ns.setdefault(node.namespace, []).append((iface.index, progs[-1], False, f"{node.name}:{iface.name}"))
+            progs.append(ebpf.load_program(depart_program(fd, k * CLASSES, classes), DEPART))
+            by_ns.setdefault(ns, []).append((index, progs[-1], True, f"far end of {node.name}:{iface.name}"))
+        for ns, ports in by_ns.items():
+            with nsutil.netlink_socket(ns) as sock:
+                batch = rtnl.Batch(sock)
+                for index, prog, ingress, where in ports:
+                    name, what = (DEPART, "ECN departures") if ingress else (MARK, "ECN marking")
+                    for request, text in ebpf.clsact_requests(
+                            index, prog, name, where, what, ingress=ingress, protocol=ebpf.ETH_P_IP,
+                            pref=PREF_DEPART if ingress else PREF_MARK, handle=HANDLE, flags=rtnl.ENSURE):
+                        batch.add(request, text)
+                batch.commit()
+    finally:
+        for p in progs:
+            os.close(p)             # the filters hold the programs, the programs the map
+        os.close(fd)
+
+
+class Queues:
+    """A marking node's slots, mapped into memory: profiles written, depths and marks read."""
+
+    def __init__(self, node: Node, fd: int, writable: bool = False):
+        self.node, self.fd = node, fd
+        self.places = {i.index: k for k, i in enumerate(node.interfaces)}
+        entries = len(node.interfaces) * CLASSES
+        size = -(-entries * VALUE // mmap.PAGESIZE) * mmap.PAGESIZE
+        self.mem = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0))
+        # one row of six 64-bit words per slot: arrived, departed, offset, (kmin, span), (pmax, on), marks
+        self.rows = np.frombuffer(self.mem, dtype=np.int64, count=entries * VALUE // 8).reshape(entries, VALUE // 8)
+        self.corrections = 0
+
+    def row(self, ifindex: int, tc: int) -> int:
+        return self.places[ifindex] * CLASSES + tc
+
+    def set_profile(self, ifindex: int, tc: int, kmin: int, kmax: int, pmax: float, on: bool) -> None:
+        at = self.row(ifindex, tc) * VALUE
+        self.mem[at + KMIN:at + MARKS] = profile(kmin, kmax, pmax, on)
+
+    def depth(self, ifindex: int, tc: int) -> int:
+        arrived, departed, offset = self.rows[self.row(ifindex, tc), :3]
+        return int(arrived - departed - offset)
+
+    def counts(self) -> np.ndarray:
+        """What arrived and departed on every slot now: taken before a read of the backlogs, for `resync`."""
+        return self.rows[:, :2].copy()
+
+    def resync(self, ifindex: int, tc: int, backlog: int, before: np.ndarray) -> bool:
+        """Put the estimate back on a `backlog` read after the counts `before` were taken, where they
+        cannot be the same queue: what arrived and has not departed exceeds the backlog by more than
+        the wire holds (`SLACK`) even taking the counts least in its favour (a frame lost after it
+        was counted in), or the offset is past what could be missing (one that overshot). True if it
+        changed the offset."""
+        k = self.row(ifindex, tc)
+        arrived, departed, offset = (int(v) for v in self.rows[k, :3])
+        low = int(before[k, 0]) - departed - backlog      # the least arrived-less-departed could exceed it by
+        high = arrived - int(before[k, 1]) - backlog      # and the most
+        if low - offset > SLACK:
+            new = low
+        elif offset - high > SLACK:
+            new = high
+        else:
+            return False
+        self.rows[k, 2] = new
+        self.corrections += 1
+        return True
+
+    def marked(self) -> dict[tuple[int, int], int]:
+        out = {}
+        for iface in self.node.interfaces:
+            for tc in range(CLASSES):
+                count = int(self.rows[self.row(iface.index, tc), MARKS // 8])
+                if count:
+                    out[(iface.index, tc)] = count
+        return out
+
+    def add_to(self, marks: dict[str, int]) -> dict[str, int]:
+        """CE counts by counter name (telemetry/nftcounters.read_marks) with the programs' added."""
+        for (ifindex, tc), count in self.marked().items():
+            name = qos.ce_counter_name(ifindex, tc)
+            marks[name] = marks.get(name, 0) + count
+        return marks
+
+    def close(self) -> None:
+        self.rows = None
+        self.mem.close()
+        os.close(self.fd)
+
+
+def open_queues(sock, node: Node, writable: bool = False) -> Queues | None:
+    """The slots of a node that marks in the data path (its marking program found on a port), else None."""
+    for i in node.interfaces:
+        prog = ebpf.attached(sock, i.index, ingress=False, pref=PREF_MARK)
+        if prog is None:
+            continue
+        found = ebpf.program_maps(prog)
+        fd = found.pop(MAP, None)
+        for other in found.values():
+            os.close(other)
+        if fd is not None:
+            return Queues(node, fd, writable)
+    return None
