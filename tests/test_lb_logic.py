@@ -9,13 +9,13 @@ import struct
 
 import pytest
 
-from bpfvm import ArrayMap, HashMap, Skb, Vm
+from bpfvm import ArrayMap, HashMap, LpmMap, Skb, Vm
 from labctl.kernel import flowhash as kernel_side
 from labctl.kernel import lb as lbwire
 from labctl.plan.flowhash import (WEYL, FlowHash, adaptive_pick, flowlet_hash, hash32, select, spray_hash, state,
                                   steer_targets)
 
-FLOWS_FD, DEPTH_FD = 7, 8
+FLOWS_FD, DEPTH_FD, MULTIPATH_FD = 7, 8, 9
 
 
 def frame(saddr: int, daddr: int, proto: int = 17, sport: int = 49152, dport: int = 4791, qp: int = 0,
@@ -179,6 +179,30 @@ def test_adaptive_uplinks_that_tie_take_packets_in_turn():
     assert picks([0, 0, 0], 6) == [0, 1, 2, 0, 1, 2]
     # an uplink whose queue builds drops out, and the others share its part evenly
     assert picks([5, 0, 0, 0], 6) == [1, 2, 3, 1, 2, 3]
+
+
+def test_adaptive_takes_its_turn_only_for_a_multipath_destination():
+    """A packet to a destination with one next hop (an answer going down to a host) keeps its
+    flow's hash and leaves the turn where it was: with idle uplinks a flow then takes them in turn
+    even while its receiver's ICMP errors come back through the same router."""
+    n = 4
+    fh = FlowHash(True, 1, "adaptive", group=[f"spine{k + 1}" for k in range(n)], weights=[1] * n)
+    depth = ArrayMap(1, 8 * (n + 1))
+    vm = Vm({DEPTH_FD: depth, MULTIPATH_FD: LpmMap(["10.2.0.0/16"])})
+    code = kernel_side.program(fh, None, DEPTH_FD, MULTIPATH_FD)
+    targets = steer_targets(fh.weights)
+    up, down = frame(addr("10.1.0.1"), addr("10.2.0.9")), frame(addr("10.2.0.9"), addr("10.1.0.1"))
+    picks = []
+    for k in range(8):
+        skb = Skb(up)
+        assert vm.run(code, skb) == -1
+        picks.append(targets.index(skb.hash))
+        turn = struct.unpack_from("<Q", depth.values[0])[0]
+        skb = Skb(down)
+        assert vm.run(code, skb) == -1
+        assert struct.unpack_from("<Q", depth.values[0])[0] == turn          # left alone
+        assert skb.hash == run(FlowHash(True, 1, "ecmp", group=fh.group, weights=fh.weights), down)
+    assert picks == [1, 2, 3, 0, 1, 2, 3, 0]         # from the turn after the last (0)
 
 
 def test_depth_counters_add_at_the_queue_and_take_away_at_the_far_end():

@@ -11,7 +11,7 @@ import os
 import platform
 import socket
 
-from labctl.kernel import ebpf, rtnl, temark
+from labctl.kernel import ebpf, fastpath, rtnl, temark
 from labctl.kernel.ebpf import (ADD_K, ADD_X, AND_K, AND_X, ARSH_K, BE, BPF_ANY, BPF_FUNC_KTIME_GET_NS,
                                   BPF_FUNC_MAP_LOOKUP_ELEM, BPF_FUNC_MAP_UPDATE_ELEM, BPF_FUNC_SET_HASH,
                                   BPF_FUNC_SKB_LOAD_BYTES, CALL, EXIT, JA, JEQ_K, JGE_K, JGT_X, JLT_K, JNE_K,
@@ -62,12 +62,15 @@ FLOW_VALUE = 16             # u64 last seen (ns), u64 packets (spray) or flowlet
 SAVED, KEY, NOW, NEW = -8, -16, -24, -40
 
 
-def program(fh: FlowHash, flows_fd: int | None = None, depth_fd: int | None = None) -> bytes:
+def program(fh: FlowHash, flows_fd: int | None = None, depth_fd: int | None = None,
+            multipath_fd: int | None = None) -> bytes:
     """The tc program: parse Ethernet/IPv4 (and TCP/UDP ports when hashing L4, and a RoCEv2
     packet's BTH destination QP in ecmp-qp) with the bounds checks the verifier wants, hash as
     plan/flowhash computes it for the router's mode, bpf_set_hash(), carry on. flowlet and spray
     keep each flow's state in `flows_fd` (an LRU hash map, FLOW_VALUE bytes under the flow's own
-    32-bit hash); adaptive reads the router's uplink depths from `depth_fd` (kernel/lb.py)."""
+    32-bit hash); adaptive reads the router's uplink depths from `depth_fd` (kernel/lb.py), and
+    takes its turn only for a destination in `multipath_fd` (an LPM map of the router's
+    destinations with several next hops: kernel/fastpath.multipath_map)."""
     a = Asm()
     mode = fh.mode or "ecmp"
 
@@ -166,7 +169,7 @@ def program(fh: FlowHash, flows_fd: int | None = None, depth_fd: int | None = No
     elif mode == "spray":
         _spray(a, fh, flows_fd, finalise, lookup)
     elif mode == "adaptive":
-        _adaptive(a, fh, depth_fd, finalise, lookup)
+        _adaptive(a, fh, depth_fd, finalise, lookup, multipath_fd)
     else:
         finalise()
     a.label("set")
@@ -264,11 +267,24 @@ def _steer(a: Asm, targets: list[int], reg: int):
         a.label(f"not{k}")
 
 
-def _adaptive(a: Asm, fh: FlowHash, depth_fd: int, finalise, lookup):
+def _adaptive(a: Asm, fh: FlowHash, depth_fd: int, finalise, lookup, multipath_fd: int | None):
     """The uplink with the fewest bytes queued (adaptive_pick): depths[1 + k] are what entered
     uplink k's queue less what reached its far end; depths[0] is the last pick, after which the
-    scan starts (ties go round). Branch-free minimum, so the verifier walks one path whatever n is."""
+    scan starts (ties go round). Branch-free minimum, so the verifier walks one path whatever n is.
+    A packet to a destination with one next hop (down to a host, or an answer coming back from a
+    spine) keeps its flow's hash and leaves the turn alone: counted, each ICMP error a receiver
+    sent back moved the turn on, and with idle uplinks one flow took every other spine."""
     n = len(fh.group)
+    if multipath_fd is not None:
+        a.op(MOV_K, R1, imm=32)
+        a.op(STX_W, R10, R1, NEW)
+        a.op(LDX_W, R1, R7, ETH + 16)           # the destination (checked in bounds above)
+        a.op(STX_W, R10, R1, NEW + 4)
+        lookup(multipath_fd, NEW)
+        a.jump(JNE_K, R0, "multipath", imm=0)
+        finalise()
+        a.jump(JA, 0, "set")
+        a.label("multipath")
     finalise()                                  # without the map: the flow's own hash
     a.op(MOV_K, R1, imm=0)
     a.op(STX_W, R10, R1, KEY)
@@ -306,9 +322,10 @@ def _adaptive(a: Asm, fh: FlowHash, depth_fd: int, finalise, lookup):
     _steer(a, steer_targets(fh.weights), R4)
 
 
-def load(fh: FlowHash, depth_fd: int | None = None) -> int:
+def load(fh: FlowHash, depth_fd: int | None = None, routes: list = ()) -> int:
     """The program for `fh`, loaded: a descriptor the caller closes once filters hold it. flowlet
-    and spray get a flow map of their own (the program holds it); adaptive reads `depth_fd`."""
+    and spray get a flow map of their own (the program holds it); adaptive reads `depth_fd`, and
+    gets the multipath destinations of `routes` (plan Routes) in a map of its own."""
     if not ebpf.supported():
         raise LabError(f"labctl's ECMP hash cannot load on a {platform.machine()} CPU",
                        f"set {ENV}=kernel (the kernel's hash, with a seed random per boot before 6.11)")
@@ -316,6 +333,9 @@ def load(fh: FlowHash, depth_fd: int | None = None) -> int:
     try:
         if fh.mode in ("flowlet", "spray"):
             flows = ebpf.lru_map(FLOWS, 4, FLOW_VALUE, FLOW_MAP)
+        elif fh.mode == "adaptive":
+            flows = fastpath.multipath_map(routes)
+            return ebpf.load_program(program(fh, None, depth_fd, flows), NAME)
         return ebpf.load_program(program(fh, flows, depth_fd), NAME)
     except ebpf.BpfError as exc:
         if fh.mode is not None:

@@ -22,7 +22,7 @@ import os
 import struct
 
 from labctl.errors import LabError
-from labctl.kernel import ebpf, flowhash, nsutil, rtnl
+from labctl.kernel import ebpf, fastpath, flowhash, nsutil, rtnl
 from labctl.kernel.ebpf import (ADD_K, ATOMIC_ADD_DW, BPF_FUNC_MAP_LOOKUP_ELEM, CALL, EXIT, JEQ_K, LDX_W, MOV_K,
                                 MOV_X, NEG, R0, R1, R2, R6, R10, SKB_LEN, STX_W, TC_ACT_UNSPEC, Asm)
 from labctl.plan.flowhash import FlowHash
@@ -94,7 +94,7 @@ def _attach(node: Node, maps: dict[str, int], ups: dict, far: dict) -> None:
     try:
         with nsutil.netlink_socket(node.namespace) as sock:
             batch = rtnl.Batch(sock)
-            fds.append(flowhash.load(node.flow_hash, maps.get(node.name)))
+            fds.append(flowhash.load(node.flow_hash, maps.get(node.name), node.routes))
             for i in node.interfaces:
                 where = f"{node.name}:{i.name}"
                 _add(batch, i.index, fds[0], where, "flow hash", True, PREF_HASH, flowhash.NAME)
@@ -133,7 +133,7 @@ def set_mode(node: Node, fh: FlowHash) -> None:
             maps = _maps_of(sock, node, PREF_QUEUE, ingress=False)
             try:
                 depth = maps.pop(DEPTH_MAP, None)
-                prog = flowhash.load(fh, depth)
+                prog = flowhash.load(fh, depth, node.routes)
             finally:
                 for fd in maps.values():
                     os.close(fd)
@@ -150,6 +150,22 @@ def set_mode(node: Node, fh: FlowHash) -> None:
         if depth is not None:
             os.close(depth)
     node.flow_hash = fh
+
+
+def note_multipath(node: Node, routes: list) -> None:
+    """Routes labctl just wrote (netconf.replace_routes): their multipath destinations into an
+    adaptive router's map, as for the fast path (fastmaps.note_multipath)."""
+    prefixes = [r.dst for r in routes if len(r.nexthops) > 1]
+    if not prefixes or node.flow_hash is None or node.flow_hash.mode != "adaptive":
+        return
+    with nsutil.netlink_socket(node.namespace) as sock:
+        found = _maps_of(sock, node, PREF_HASH, ingress=True)
+    try:
+        if fastpath.MULTIPATH_MAP in found:
+            fastpath.add_multipath(found[fastpath.MULTIPATH_MAP], prefixes)
+    finally:
+        for fd in found.values():
+            os.close(fd)
 
 
 def _maps_of(sock, node: Node, pref: int, ingress: bool) -> dict[str, int]:

@@ -11,7 +11,7 @@ import os
 import socket
 import time
 
-from labctl.kernel import fastmaps, fastpath, flowhash, nft, nsutil, rtnl
+from labctl.kernel import fastmaps, fastpath, flowhash, lb, nft, nsutil, rtnl
 from labctl.errors import LabError
 from labctl.plan import qos
 from labctl.plan.model import Interface, Node
@@ -167,6 +167,7 @@ def replace_routes(node: Node, old: list, new: list, table: int = rtnl.RT_TABLE_
                  for dst in before.keys() - after.keys()]
     if table == rtnl.RT_TABLE_MAIN:     # before the routes: a new multipath one is never fast-pathed
         fastmaps.note_multipath(node, new)
+        lb.note_multipath(node, new)         # adaptive takes its turn for multipath destinations only
     return commit_in(node.namespace, requests) if requests else 0
 
 
