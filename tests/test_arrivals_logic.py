@@ -162,3 +162,20 @@ def test_on_arrivals_the_headroom_does_not_grow_with_the_lab():
     big = [96] * 176
     assert qos.pfc_response_s(big, on_arrivals=True) == qos.PFC_RESPONSE_S
     assert qos.pfc_response_s(big) > qos.PFC_RESPONSE_S
+
+
+@pytest.mark.parametrize("path_marking, pfc, threshold, floor", [
+    (None, True, 100_000, 50_000),          # the controller marks: read from Kmin, or XON below it
+    (object(), True, 300_000, 50_000),      # the ports mark themselves: a lossless queue only at XOFF
+    (object(), False, 100_000, 100_000),    # a lossy one from Kmin, to correct for what it dropped
+])
+def test_the_read_threshold_leaves_kmin_out_where_the_ports_mark_a_lossless_class(path_marking, pfc,
+                                                                                  threshold, floor):
+    sw = switch("leaf1", [KEY(2, ROCE)])
+    sw.node.switching = True
+    sw.path_marking = path_marking
+    sw.ecn_ports = {KEY(2, ROCE): (ROCE, SimpleNamespace(ecn=True, kmin=100_000))}
+    sw.pfc = {KEY(2, ROCE): SimpleNamespace(settings=SimpleNamespace(pfc=pfc, xoff=300_000, xon=50_000))}
+    b = Bounds(FakeCounters(STRIDE), [sw], {(0, 2): 0})
+    b.set_from([sw], shared_buffer=False)
+    assert (b.threshold[0], b.floor[0]) == (threshold, min(floor, threshold))

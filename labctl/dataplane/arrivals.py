@@ -231,17 +231,20 @@ class Bounds:
 
     def set_from(self, switches, shared_buffer: bool) -> None:
         """Each queue's limits from its switch's settings (dataplane/switch.py): the threshold is Kmin
-        where it marks and XOFF where it pauses, the floor Kmin and XON; under a shared buffer any
-        depth, since its XOFF falls as the other queues fill."""
+        where the controller marks and XOFF where it pauses, the floor Kmin and XON; under a shared
+        buffer any depth, since its XOFF falls as the other queues fill. Where the switch's ports
+        mark themselves (kernel/ecnpath.py), Kmin matters only to a class that can drop: its reads
+        correct the ports' depth estimate for what was dropped."""
         for sw in switches:
             for q in sw.queues:
                 key = self.keys[q]
                 threshold = floor = float("inf")
                 marking = sw.ecn_ports.get(key)
-                if marking is not None and marking[1].ecn:
-                    threshold = floor = marking[1].kmin
                 port = sw.pfc.get(key)
-                if port is not None and port.settings.pfc and sw.node.switching:
+                pausing = port is not None and port.settings.pfc and sw.node.switching
+                if marking is not None and marking[1].ecn and not (sw.path_marking is not None and pausing):
+                    threshold = floor = marking[1].kmin
+                if pausing:
                     threshold = min(threshold, 1 if shared_buffer else port.settings.xoff)
                     floor = min(floor, 1 if shared_buffer else port.settings.xon)
                 self.set_limits(q, threshold, floor)
