@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import socket
+import struct
 import statistics
 import threading
 import time
@@ -160,3 +161,61 @@ def test_marking_expressions_are_loaded_before_the_controller_is_ready_and_leave
             assert chain in listing and "numgen" not in listing and "ecn set" not in listing, listing
     finally:
         nft.close()
+
+
+def test_tc_set_changes_the_profile_the_ports_mark_with_and_marks_follow(built_lab):
+    """`labctl tc set` goes through the controller into the marking program's slots: the profile
+    bytes change, and a queue that stood below Kmin before is marked on every ECT packet once
+    Kmin and Kmax sit below it (then not at all with ECN off)."""
+    require_root()
+    from labctl import state
+    from labctl import lifecycle as labmod
+    from labctl.kernel import ecnpath
+    plan = built_lab(BOTTLENECK)
+    lab = state.lab_dir(plan.lab)
+    h1, r1, h2 = plan.node("h1"), plan.node("r1"), plan.node("h2")
+    egress = r1.iface("h2")
+    roce = next(c for c in egress.shaping.classes if c.ecn)
+    with nsutil.netlink_socket(r1.namespace) as sock:
+        queues = ecnpath.open_queues(sock, r1)
+    assert queues is not None
+    dst = h2.iface("r1").address.split("/")[0]
+    rx = Receiver(h2.namespace, dst)
+    rx.start()
+    with nsutil.entered(h1.namespace):
+        tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    tx.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, TOS_ROCE_ECT0)
+
+    def marked_share(count: int = 400) -> float:
+        """A burst at twice the port's rate: the queue builds to about half the burst."""
+        rx.packets = rx.ce = 0
+        rx.counting.set()
+        for _ in range(count):
+            tx.sendto(bytes(1000), (dst, 7000))
+        deadline = time.monotonic() + 5
+        while rx.packets < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+        rx.counting.clear()
+        return rx.ce / max(1, rx.packets)
+
+    def profile() -> tuple:
+        at = queues.row(egress.index, roce.tc) * ecnpath.VALUE
+        return struct.unpack_from("=IIII", queues.mem, at + ecnpath.KMIN)
+
+    h1_port = h1.iface("r1")
+    try:
+        set_port_rate(h1, h1_port, 2 * egress.shaping.rate_bps)     # in at twice what leaves: it builds
+        assert profile() == struct.unpack("=IIII", ecnpath.profile(roce.kmin_bytes or plan.ecn.kmin,
+                                                                   roce.kmax_bytes or plan.ecn.kmax,
+                                                                   plan.ecn.pmax, True))
+        assert marked_share() == 0                       # 400 kB at most: below the default Kmin
+        labmod.tc_set(lab, plan, r1, "h2", kmin="1KB", kmax="2KB")
+        assert profile()[:2] == (1000, 1000)
+        assert marked_share() > 0.5                      # everything past the first two frames
+        labmod.tc_set(lab, plan, r1, "h2", ecn="off")
+        assert profile()[3] == 0
+        assert marked_share() == 0
+    finally:
+        set_port_rate(h1, h1_port, h1_port.shaping.rate_bps)
+        rx.stop.set()
+        queues.close()
