@@ -17,6 +17,8 @@ from tests.bpfvm import ArrayMap, Skb, Vm
 MAP = 5
 CLASSES = {26: 3, 48: 6}
 PORT = 1                       # the port's place on its node: slots 8..15
+IFINDEX = 1                    # bpfvm's skb->ifindex
+BASES = {7: 0, IFINDEX: PORT * ecnpath.CLASSES}
 KMIN, KMAX, PMAX = 100_000, 400_000, 0.2
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,7 +42,7 @@ def with_depth(depth: int, on: bool = True, tc: int = 3) -> ArrayMap:
 
 def mark(tos: int, m: ArrayMap, draw: int = 0) -> Skb:
     skb = Skb(frame(tos))
-    rc = Vm({MAP: m}, prandom=lambda: draw).run(ecnpath.mark_program(MAP, PORT * ecnpath.CLASSES, CLASSES), skb)
+    rc = Vm({MAP: m}, prandom=lambda: draw).run(ecnpath.mark_program(MAP, BASES, CLASSES), skb)
     assert rc == -1                                          # TC_ACT_UNSPEC: the packet goes on to its queue
     return skb
 
@@ -102,12 +104,28 @@ def test_on_the_ramp_a_packet_is_marked_exactly_when_its_draw_is_below_the_profi
 
 def test_the_far_end_counts_what_left_by_the_same_class():
     m = with_depth(0)
-    code = ecnpath.depart_program(MAP, PORT * ecnpath.CLASSES, CLASSES)
+    code = ecnpath.depart_program(MAP, BASES, CLASSES)
     for tos in (26 << 2 | 0b10, 48 << 2, 10 << 2):
         assert Vm({MAP: m}).run(code, Skb(frame(tos))) == -1
     assert counts(m, 3)[1] == 3000 + len(frame(0))
     assert counts(m, 6)[1] == len(frame(0))
     assert sum(counts(m, tc)[1] for tc in range(ecnpath.CLASSES)) == 3000 + 2 * len(frame(0))
+
+
+def test_each_port_of_the_program_has_its_own_slots_and_an_unknown_port_is_left_alone():
+    m = with_depth(KMAX * 2)
+    skb = Skb(frame(26 << 2 | 0b10))
+    skb.ifindex = 7                                          # the node's other port: slots 0..7
+    assert Vm({MAP: m}).run(ecnpath.mark_program(MAP, BASES, CLASSES), skb) == -1
+    assert not skb.written                                   # its class 3 slot is empty: depth 0
+    assert struct.unpack_from("=Q", m.values[3], 0)[0] == len(skb.frame)
+    assert counts(m)[0] == KMAX * 2 + 5000                   # port 1's slot untouched
+    for code in (ecnpath.mark_program(MAP, BASES, CLASSES), ecnpath.depart_program(MAP, BASES, CLASSES)):
+        skb = Skb(frame(26 << 2 | 0b10))
+        skb.ifindex = 9
+        before = [bytes(v) for v in m.values.values()]
+        assert Vm({MAP: m}).run(code, skb) == -1 and not skb.written
+        assert [bytes(v) for v in m.values.values()] == before
 
 
 def test_profile_bytes_keep_a_span_of_at_least_one_and_pmax_in_65536ths():

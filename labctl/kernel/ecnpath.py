@@ -43,8 +43,8 @@ from labctl.kernel import ebpf, nsutil, rtnl
 from labctl.kernel.ebpf import (ADD_K, AND_K, ATOMIC_ADD_DW, BPF_FUNC_GET_PRANDOM_U32, BPF_FUNC_L3_CSUM_REPLACE,
                                 BPF_FUNC_MAP_LOOKUP_ELEM, BPF_FUNC_SKB_LOAD_BYTES, BPF_FUNC_SKB_STORE_BYTES, CALL,
                                 DIV_X, EXIT, JA, JEQ_K, JGE_X, JNE_K, JSGT_X, LDX_B, LDX_DW, LDX_H, LDX_W, MOV_K,
-                                MOV_X, MUL_X, OR_K, R0, R1, R2, R3, R4, R5, R6, R7, R8, R9, R10, RSH_K, SKB_LEN,
-                                STX_B, STX_DW, STX_W, SUB_X, TC_ACT_UNSPEC, Asm)
+                                MOV_X, MUL_X, OR_K, R0, R1, R2, R3, R4, R5, R6, R7, R8, R9, R10, RSH_K,
+                                SKB_IFINDEX, SKB_LEN, STX_B, STX_DW, STX_W, SUB_X, TC_ACT_UNSPEC, Asm)
 from labctl.plan import qos
 from labctl.plan.model import LabPlan, Node
 
@@ -79,8 +79,8 @@ def available() -> bool:
         if ok:
             try:
                 fds.append(ebpf.array_map(CLASSES, VALUE, MAP, mmapable=True))
-                fds.append(ebpf.load_program(mark_program(fds[0], 0, {26: 3}), MARK))
-                fds.append(ebpf.load_program(depart_program(fds[0], 0, {26: 3}), DEPART))
+                fds.append(ebpf.load_program(mark_program(fds[0], {1: 0}, {26: 3}), MARK))
+                fds.append(ebpf.load_program(depart_program(fds[0], {1: 0}, {26: 3}), DEPART))
             except ebpf.BpfError:
                 ok = False
             finally:
@@ -98,8 +98,26 @@ def dscp_classes(node: Node) -> dict[int, int]:
     return dict(qos.dscp_map(specs))
 
 
-def _class_of(a: Asm, classes: dict[int, int], base: int, tos_reg: int) -> None:
-    """R1 = base + the class of the DSCP in `tos_reg`'s upper six bits; a DSCP in no class jumps to "out"."""
+def _port_of(a: Asm, bases: dict[int, int]) -> None:
+    """R7 = the first slot of the port the packet is on (skb->ifindex: the egress port on egress,
+    the arrival port on ingress), by `bases` {ifindex: first slot}; any other port jumps to "out".
+    One program serves every port of a node (and one, as a rule, every far end of its ports): a
+    program per port made `up` of the 1,024-GPU lab load and verify about 5,000 of them, where
+    this loads about 350."""
+    a.op(LDX_W, R2, R6, SKB_IFINDEX)
+    for k, ifindex in enumerate(sorted(bases)):
+        a.jump(JEQ_K, R2, f"port{k}", imm=ifindex)
+    a.jump(JA, 0, "out")
+    for k, ifindex in enumerate(sorted(bases)):
+        a.label(f"port{k}")
+        a.op(MOV_K, R7, imm=bases[ifindex])
+        a.jump(JA, 0, "port")
+    a.label("port")
+
+
+def _class_of(a: Asm, classes: dict[int, int], tos_reg: int) -> None:
+    """R1 = R7 (the port's first slot) + the class of the DSCP in `tos_reg`'s upper six bits; a
+    DSCP in no class jumps to "out"."""
     a.op(MOV_X, R2, tos_reg)
     a.op(RSH_K, R2, imm=2)
     for dscp in sorted(classes):
@@ -107,7 +125,8 @@ def _class_of(a: Asm, classes: dict[int, int], base: int, tos_reg: int) -> None:
     a.jump(JA, 0, "out")
     for dscp, tc in sorted(classes.items()):
         a.label(f"dscp{dscp}")
-        a.op(MOV_K, R1, imm=base + tc)
+        a.op(MOV_X, R1, R7)
+        a.op(ADD_K, R1, imm=tc)
         a.jump(JA, 0, "slot")
     a.label("slot")
 
@@ -135,16 +154,17 @@ def _load_word(a: Asm) -> None:
     a.jump(JNE_K, R0, "out", imm=0)
 
 
-def mark_program(map_fd: int, base: int, classes: dict[int, int]) -> bytes:
-    """The egress program of the port whose slots start at `base`."""
+def mark_program(map_fd: int, bases: dict[int, int], classes: dict[int, int]) -> bytes:
+    """The egress program of a node's ports, whose slots start at `bases` {ifindex: first slot}."""
     if sys.byteorder != "little":
         raise LabError("ECN marking in the data path is written for little-endian CPUs",
                        f"set {ENV}=controller")
     a = Asm()
     a.op(MOV_X, R6, R1)
+    _port_of(a, bases)
     _load_word(a)
     a.op(LDX_B, R9, R10, WORD + 1)              # DSCP and ECN
-    _class_of(a, classes, base, R9)
+    _class_of(a, classes, R9)
     _slot(a, map_fd)
     a.op(MOV_X, R8, R0)
     a.op(LDX_W, R7, R6, SKB_LEN)
@@ -205,13 +225,15 @@ def mark_program(map_fd: int, base: int, classes: dict[int, int]) -> bytes:
     return a.assemble()
 
 
-def depart_program(map_fd: int, base: int, classes: dict[int, int]) -> bytes:
-    """The ingress program of the far end of the port whose slots start at `base`."""
+def depart_program(map_fd: int, bases: dict[int, int], classes: dict[int, int]) -> bytes:
+    """The ingress program of the far ends of a node's ports: {far end's ifindex: the first slot of
+    the port it faces}."""
     a = Asm()
     a.op(MOV_X, R6, R1)
+    _port_of(a, bases)
     _load_word(a)
     a.op(LDX_B, R9, R10, WORD + 1)
-    _class_of(a, classes, base, R9)
+    _class_of(a, classes, R9)
     _slot(a, map_fd)
     a.op(LDX_W, R1, R6, SKB_LEN)
     a.op(ATOMIC_ADD_DW, R0, R1, DEPARTED)
@@ -281,12 +303,24 @@ def _wire_node(node: Node, ends: list[tuple[str, int]], settings) -> None:
                 s = settings(node, iface, c)
                 value = bytes(KMIN) + profile(s.kmin, s.kmax, s.pmax, s.ecn) + bytes(8)
                 ebpf.update(fd, struct.pack("=I", k * CLASSES + c.tc), value)
-        by_ns: dict[str, list[tuple[int, int, bool, str]]] = {}
+        progs.append(ebpf.load_program(mark_program(fd, {i.index: k * CLASSES for k, i in enumerate(node.interfaces)},
+                                                    classes), MARK))
+        by_ns: dict[str, list[tuple[int, int, bool, str]]] = {
+            node.namespace: [(i.index, progs[0], False, f"{node.name}:{i.name}") for i in node.interfaces]}
+        # far ends in other namespaces may share an ifindex: one departure program per set of distinct ones
+        groups: list[dict[int, int]] = []
+        placed = []
         for k, (iface, (ns, index)) in enumerate(zip(node.interfaces, ends)):
-            progs.append(ebpf.load_program(mark_program(fd, k * CLASSES, classes), MARK))
-            by_ns.setdefault(node.namespace, []).append((iface.index, progs[-1], False, f"{node.name}:{iface.name}"))
-            progs.append(ebpf.load_program(depart_program(fd, k * CLASSES, classes), DEPART))
-            by_ns.setdefault(ns, []).append((index, progs[-1], True, f"far end of {node.name}:{iface.name}"))
+            group = next((g for g in groups if index not in g), None)
+            if group is None:
+                groups.append(group := {})
+            group[index] = k * CLASSES
+            placed.append((iface, ns, index, group))
+        departs = [ebpf.load_program(depart_program(fd, g, classes), DEPART) for g in groups]
+        progs.extend(departs)
+        for iface, ns, index, group in placed:
+            prog = departs[next(n for n, g in enumerate(groups) if g is group)]
+            by_ns.setdefault(ns, []).append((index, prog, True, f"far end of {node.name}:{iface.name}"))
         for ns, ports in by_ns.items():
             with nsutil.netlink_socket(ns) as sock:
                 batch = rtnl.Batch(sock)
