@@ -396,10 +396,7 @@ class Queues:
 
     def add_to(self, marks: dict[str, int]) -> dict[str, int]:
         """CE counts by counter name (telemetry/nftcounters.read_marks) with the programs' added."""
-        for (ifindex, tc), count in self.marked().items():
-            name = qos.ce_counter_name(ifindex, tc)
-            marks[name] = marks.get(name, 0) + count
-        return marks
+        return qos.add_marks(marks, self.marked())
 
     def close(self) -> None:
         self.rows = None

@@ -41,10 +41,7 @@ class Marking:
 
     def add_to(self, marks: dict[str, int]) -> dict[str, int]:
         """nftables' CE counts by counter name (telemetry/nftcounters.read_marks) with the program's added."""
-        for (ifindex, tc), count in self.marked().items():
-            name = qos.ce_counter_name(ifindex, tc)
-            marks[name] = marks.get(name, 0) + count
-        return marks
+        return qos.add_marks(marks, self.marked())
 
     def close(self) -> None:
         self.mem.close()

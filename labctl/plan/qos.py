@@ -81,6 +81,14 @@ def ce_counter_name(ifindex: int, tc: int) -> str:
     return f"ce_{ifindex}_{tc}"
 
 
+def add_marks(marks: dict[str, int], counted: dict[tuple[int, int], int]) -> dict[str, int]:
+    """CE counts by counter name (nftables' own) with a tc program's {(ifindex, tc): count} added."""
+    for (ifindex, tc), count in counted.items():
+        name = ce_counter_name(ifindex, tc)
+        marks[name] = marks.get(name, 0) + count
+    return marks
+
+
 def dscp_map(classes: list[dict]) -> dict[int, int]:
     """DSCP → traffic class for every DSCP a class names (the rest go to the default class)."""
     return {d: c["tc"] for c in classes for d in c["dscp"]}
