@@ -31,11 +31,14 @@ SHARED_WORKER = {
 # them after the parallel part, one at a time, as every figure in the README was measured. A test
 # in such a module that bounds nothing in time, rate or loss (a lab that comes up and answers
 # pings, an exported script) carries the `untimed` mark and runs in the parallel part.
+# test_netns_bgp (BFD at 100 ms x 3, a reconvergence budget) and test_netns_fastpath (marks and
+# pauses counted on two labs) failed in the parallel part beside the other worker's labs, in 3 of
+# 6 runs (sessions down, ECN marks 7.7% apart), whichever way ECN was marked; alone they pass.
 SOLO = ("test_netns_lossless", "test_netns_pfc", "test_netns_dcqcn", "test_netns_ecn", "test_netns_ecn_scaled",
         "test_netns_runtime", "test_netns_experiments", "test_netns_traffic", "test_netns_classes",
         "test_netns_shaping", "test_netns_wan", "test_netns_estimate", "test_netns_esp_wire",
         "test_netns_lb", "test_netns_te", "test_netns_train", "test_netns_mininet", "test_netns_bundled",
-        "test_netns_flow_order", "test_netns_fabric")
+        "test_netns_flow_order", "test_netns_fabric", "test_netns_bgp", "test_netns_fastpath")
 # the longest groups start first, so neither worker is left with a long one at the end
 LONGEST_FIRST = ("test_netns_experiments", "mininet", "docker", "test_netns_lossless")
 
