@@ -26,6 +26,7 @@ from labctl import state  # noqa: E402
 from labctl import backends  # noqa: E402
 from labctl.dataplane import arrivals  # noqa: E402
 from labctl.dataplane.controller import FAST, Controller  # noqa: E402
+from labctl.plan.share import shares  # noqa: E402
 from labctl.plan import qos  # noqa: E402
 from labctl.plan.compile import compile_plan  # noqa: E402
 from labctl.topology.load import load_topology  # noqa: E402
@@ -48,7 +49,7 @@ def main() -> None:
     lab = state.claim(plan.lab, plan.to_dict(), None)
     backends.get("netns").apply(plan, lab)  # no controller process: this one is measured in-process
     try:
-        ctl = Controller(plan)
+        ctl = Controller(shares(plan))
         n = len(ctl.switches)
 
         def read_all() -> None:
@@ -94,7 +95,7 @@ def main() -> None:
             return
         plan.queue_reads = "arrivals"
         t0 = time.monotonic()
-        ctl = Controller(plan)
+        ctl = Controller(shares(plan))
         attach = time.monotonic() - t0
         scans, t0, c0 = 0, time.monotonic(), time.process_time()
         while time.monotonic() - t0 < args.seconds:

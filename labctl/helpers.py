@@ -72,17 +72,25 @@ class Publisher:
             self.control_changed.set()
 
 
-def start(lab, module: str, log_name: str, what: str) -> int:
+def start(lab, module: str, log_name: str, what: str, args: tuple[str, ...] = ()) -> int:
     """Start helper `module` for a lab (a state.LabDir) and wait for its "ready"; returns its PID."""
-    log = open(lab.path / f"{log_name}.log", "w")
-    p = subprocess.Popen([sys.executable, "-P", "-m", module, str(lab.path)], cwd="/",
-                         stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True,
-                         start_new_session=True)
-    lab.journal("pid", procs.identity(p.pid))
-    procs.prioritise(p.pid)
+    p = launch(lab, module, log_name, args)
     await_ready(p, what, lab.path / f"{log_name}.log")
     p.stdout.close()
     return p.pid
+
+
+def launch(lab, module: str, log_name: str, args: tuple[str, ...] = ()) -> subprocess.Popen:
+    """Start helper `module` (`python -P -m module LAB_DIR ARGS...`), journaled and real-time,
+    without waiting: several start together, then each is awaited (await_ready)."""
+    log = open(lab.path / f"{log_name}.log", "w")
+    p = subprocess.Popen([sys.executable, "-P", "-m", module, str(lab.path), *args], cwd="/",
+                         stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True,
+                         start_new_session=True)
+    log.close()
+    lab.journal("pid", procs.identity(p.pid))
+    procs.prioritise(p.pid)
+    return p
 
 
 READY = "ready"
@@ -106,11 +114,12 @@ def await_ready(p: subprocess.Popen, what: str, log: Path | None = None, tail: i
     raise LabError(f"{what} did not start: {said}")
 
 
-def serve(make) -> None:
-    """A helper's main: `make(plan, lab_dir)` builds it from the lab's record; then "ready", then run()."""
+def serve(make, with_plan: bool = True) -> None:
+    """A helper's main: `make(plan, lab_dir)` builds it from the lab's record (`make(None, lab_dir)`
+    without the plan: a switch agent reads only its node's share); then "ready", then run()."""
     from labctl.plan.model import LabPlan
     lab_dir = Path(sys.argv[1])
-    helper = make(LabPlan.from_lab_dir(lab_dir), lab_dir)
+    helper = make(LabPlan.from_lab_dir(lab_dir) if with_plan else None, lab_dir)
     # a full collection would walk everything the setup allocated, in the middle of an incast
     gc.collect()
     gc.freeze()

@@ -21,6 +21,13 @@ def namespace(lab: str, node: str) -> str:
     return f"{lab}-{node}"
 
 
+NODE_NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,39}$")   # the schema's Name: never a path
+
+
+def valid_node_name(name: object) -> bool:
+    return isinstance(name, str) and NODE_NAME_RE.fullmatch(name) is not None
+
+
 def valid_lab_name(name: object) -> bool:
     return isinstance(name, str) and LAB_NAME_RE.fullmatch(name) is not None
 

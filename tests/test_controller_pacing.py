@@ -45,14 +45,13 @@ def setup(monkeypatch):
     backlogs = {ECN_KEY: 0, PFC_KEY: 0, FEEDER_KEY: 0}
     monkeypatch.setattr(ctl.qdepth, "backlogs_get", lambda sock, request: dict(backlogs))
     c = Controller.__new__(Controller)
-    c.plan = SimpleNamespace(shared_buffer=None)
     c.idle = IDLE
     c.pfc_activity = 0
     c.active = {}
     c.slow = reaction.SlowSteps()
     node = SimpleNamespace(switching=True, name="leaf1")
     port, feeder = FakePort("spine1"), FakePort("gpu0")   # gpu0's traffic can queue toward spine1
-    sw = Switch(node, sock=None, nft=Recorder(), family="ip")
+    sw = Switch(node, sock=None, nft=Recorder(), family="ip", share=SimpleNamespace(shared_buffer=None))
     sw.ecn_ports[ECN_KEY] = (3, SimpleNamespace(ecn=True, kmin=KMIN, kmax=KMAX, pmax=0.2))
     sw.marking[(ECN_KEY[0], 3)] = 0
     sw.pfc[PFC_KEY], sw.pfc[FEEDER_KEY] = port, feeder

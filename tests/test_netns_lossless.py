@@ -61,16 +61,21 @@ def assert_lossless(doc: dict, run: int) -> None:
         print(f"{where}: {react}")
 
 
-@pytest.mark.parametrize("burners, reads", [(0, "auto"), (2, "auto"), (2, "poll")],
-                         ids=["idle", "two-cpu-burners", "polling-two-cpu-burners"])
-def test_the_bundled_incast_loses_nothing_twenty_times_in_a_row(built_lab, tmp_path, monkeypatch, burners, reads):
+@pytest.mark.parametrize("burners, reads, placement", [(0, "auto", "lab"), (2, "auto", "lab"), (2, "poll", "lab"),
+                                                      (2, "auto", "node")],
+                         ids=["idle", "two-cpu-burners", "polling-two-cpu-burners", "agents-in-nodes-two-cpu-burners"])
+def test_the_bundled_incast_loses_nothing_twenty_times_in_a_row(built_lab, tmp_path, monkeypatch, burners, reads,
+                                                                 placement):
     """`reads`: how the controller learns queue depths (dataplane/arrivals.py); polling is the path
-    of kernels where the arrival counters do not load, and must hold the same promise."""
+    of kernels where the arrival counters do not load, and must hold the same promise. `placement`:
+    one switch agent for the lab, or one inside each node (dataplane/agents.py)."""
     require_root()
     monkeypatch.setenv("LABCTL_QUEUE_READS", reads)
+    monkeypatch.setenv("LABCTL_SWITCH_AGENTS", placement)
     plan = built_lab(LEAF_SPINE)                 # the bundled lab as a user gets it, NVLink included
     assert plan.queue_reads == ("poll" if reads == "poll" else "arrivals")
     lab = state.lab_dir(plan.lab)
+    assert ("agent_pids" in lab.read_state()) == (placement == "node")
     loaded = load_workload(INCAST)
     with Burners(burners):
         for k in range(RUNS):

@@ -86,7 +86,7 @@ def test_a_runs_slow_reads_include_those_the_controller_listed_and_then_dropped(
     """The sampler keeps every slow read it saw in pfc.json; the run's list is those and the file's."""
     from labctl.telemetry.sampler import PfcFile
     f = tmp_path / "pfc.json"
-    watch = PfcFile(f)
+    watch = PfcFile(tmp_path)
 
     def publish(reads, mtime):
         f.write_text(json.dumps({"ports": [], "long_reads": reads}))

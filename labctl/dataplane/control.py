@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from labctl.telemetry import agentreport
+
 FILE = "control.json"
 SETTINGS = {"ecn": bool, "pfc": bool, "kmin": int, "kmax": int, "pmax": float, "xoff": int, "xon": int}
 
@@ -143,14 +145,11 @@ def settings_in_force(plan, lab_path: Path):
 
 
 def wait_applied(lab_path: Path, generation: int, timeout: float = 2.0) -> bool:
-    """True once the controller reports having applied `generation` (pfc.json)."""
+    """True once every switch agent reports having applied `generation` (agentreport.py)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        try:
-            if json.loads((Path(lab_path) / "pfc.json").read_text()).get("generation", 0) >= generation:
-                return True
-        except (OSError, ValueError):
-            pass
+        if (agentreport.load(lab_path) or {}).get("generation", 0) >= generation:
+            return True
         time.sleep(0.01)
     return False
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from labctl.kernel import nsutil, rtnl
 from labctl.dataplane import arrivals, control, ecn, pfc, pfcport, switch
+from labctl.telemetry import agentreport
 from labctl.dataplane.switch import Switch
 from labctl.plan import qos
 from labctl.telemetry import qdepth, reaction
@@ -35,18 +36,23 @@ from labctl import helpers
 from labctl.helpers import Publisher
 from labctl.kernel.nft import Nft
 from labctl.plan.model import LabPlan
+from labctl.plan.share import SHARE_FILE, NodeShare, served, shares
+from labctl.plan.share import read as read_share
 
 FAST, IDLE = 0.001, qos.CONTROLLER_IDLE_S   # IDLE: unless the lab is large (qos.controller_idle_s)
 COUNTERS_EVERY, COUNTERS_AT_LEAST = 0.01, 1.0
 
 
 class Controller:
-    def __init__(self, plan: LabPlan, lab_dir: Path | None = None):
-        raise_fd_limit(4 * sum(len(n.interfaces) for n in plan.nodes) + 256)
-        self.plan = plan
+    """The switch agent of the nodes in `shares`: every node of a lab (one process on the host) or
+    one node (inside it). It reports to `report_file` (telemetry/agentreport.py) and obeys the lab's control.json."""
+    def __init__(self, shares: list[NodeShare], lab_dir: Path | None = None, report_file: Path | None = None):
+        raise_fd_limit(4 * sum(len(s.node.interfaces) for s in shares) + 256)
+        self.shares = shares
         self.lab_dir = lab_dir
-        self.files = Publisher(lab_dir / "pfc.json" if lab_dir else None,
-                               lab_dir / control.FILE if lab_dir else None)
+        if report_file is None and lab_dir is not None:
+            report_file = lab_dir / agentreport.FILE
+        self.files = Publisher(report_file, lab_dir / control.FILE if lab_dir else None)
         self._init_counters()
         self.classes = {}   # (node, ifindex, tc) -> (node, iface, cls), for applying control.json
         self.switches: list[Switch] = []    # nodes with queues to watch, polled every loop
@@ -60,7 +66,8 @@ class Controller:
         self._open_switches()
         self.pfc_fds = list(self.pfc_by_fd)
         self._schedule_reads()
-        self.bounds = arrivals.setup(self.switches) if plan.queue_reads == "arrivals" else None
+        reads = {s.queue_reads for s in shares}
+        self.bounds = arrivals.setup(self.switches) if reads == {"arrivals"} else None
         self._set_thresholds()
 
     def _init_counters(self) -> None:
@@ -85,20 +92,19 @@ class Controller:
 
     def _open_switches(self) -> None:
         """A Switch for every node with an ECN-marking or lossless class, its rules installed."""
-        served = switch.served(self.plan)
         # libnftables waits on its socket with select(), whose descriptors must stay below FD_SETSIZE
         # (1,024): every context opens before the thousands of PFC sockets of a large lab
-        contexts = {node.name: Nft(node.namespace) for node, _, ports in served if ports}
-        macs = {(n.name, i.name): i.mac for n in self.plan.nodes for i in n.interfaces}
-        for node, lossless, ports in served:
+        contexts = {s.node.name: Nft(s.node.namespace) for s in self.shares if s.marking}
+        for share in self.shares:
+            node = share.node
             for i in node.interfaces:
                 for c in i.shaping.classes:
-                    self.classes[(node.name, i.index, c.tc)] = (node, i, c)
-            sw = switch.open_switch(self.plan, node, lossless, ports, contexts.get(node.name), macs,
+                    self.classes[(node.name, i.index, c.tc)] = (share, node, i, c)
+            sw = switch.open_switch(share, contexts.get(node.name),
                                     lambda name, ifindex, tc: self._settings({}, name, ifindex, tc))
-            if ports and not self.expressions_loaded:
+            if share.marking and not self.expressions_loaded:
                 t = time.monotonic()
-                sw.nft.run(ecn.warm_up_rules(ports[0][0], ports[0][1], sw.family))
+                sw.nft.run(ecn.warm_up_rules(*share.marking[0], sw.family))
                 self.expressions_loaded = True
                 print(f"nftables marking expressions ready in {(time.monotonic() - t) * 1e3:.0f} ms",
                       file=sys.stderr, flush=True)
@@ -123,7 +129,7 @@ class Controller:
 
     def _set_thresholds(self) -> None:
         if self.bounds is not None:
-            self.bounds.set_from(self.switches, self.plan.shared_buffer is not None)
+            self.bounds.set_from(self.switches, any(s.shared_buffer is not None for s in self.shares))
 
     def close(self) -> None:
         """Release the packet sockets together (pfcport.close_all): exiting with them open would
@@ -138,8 +144,8 @@ class Controller:
             self.bounds.close()
 
     def _settings(self, overrides: dict, node: str, ifindex: int, tc: int) -> control.PortSettings:
-        n, i, c = self.classes[(node, ifindex, tc)]
-        return control.settings_for(self.plan, n, i, c, overrides)
+        share, n, i, c = self.classes[(node, ifindex, tc)]
+        return control.settings_for(share, n, i, c, overrides)
 
     def check_control(self) -> None:
         """Apply control.json once the Publisher saw it change."""
@@ -186,7 +192,7 @@ class Controller:
             backlogs.update(known)
         self.slow.note("read", sw.node.name, now)
         sw.backlogs = backlogs
-        shared = self.plan.shared_buffer if sw.node.switching else None
+        shared = sw.share.shared_buffer if sw.node.switching else None
         used = sum(backlogs.get(key, 0) for key in sw.pfc) if shared else 0
         for key, backlog in backlogs.items():
             # an empty queue still runs the steps below: a drained queue must stop marking and
@@ -380,7 +386,7 @@ class Controller:
             try:
                 wake = self.step()
             except (OSError, rtnl.NetlinkError):
-                if stop_when_gone and not any(nsutil.exists(n.namespace) for n in self.plan.nodes):
+                if stop_when_gone and not any(nsutil.exists(s.node.namespace) for s in self.shares):
                     return  # the lab is gone
                 raise
             now = time.monotonic()
@@ -397,12 +403,27 @@ class Controller:
 
 
 def needed(plan: LabPlan) -> bool:
-    return any((c.ecn and n.switching) or c.lossless for n in plan.nodes for i in n.interfaces
-               for c in i.shaping.classes)
+    return bool(served(plan))
+
+
+def node_agent(lab_dir: Path, name: str) -> Controller:
+    """Node `name`'s own agent, from its share alone, moved into the node's namespace first: every
+    socket, program and rule it opens is the node's, as if it ran on the switch."""
+    own_dir = agentreport.directory(lab_dir, name)
+    own = read_share(own_dir / SHARE_FILE, lab_dir.name)     # a lab's directory is named after it (state.py)
+    if own.node.name != name:
+        raise ValueError(f"{own_dir / SHARE_FILE} is the share of {own.node.name!r}, not {name!r}")
+    nsutil.enter_for_good(own.node.namespace)
+    return Controller([own], lab_dir, own_dir / agentreport.FILE)
 
 
 def main() -> None:
-    helpers.serve(Controller)
+    """`LAB_DIR`: one agent for every node that needs one, on the host. `LAB_DIR NODE`: that node's
+    own agent (dataplane/agents.py), reading only its share."""
+    if len(sys.argv) > 2:
+        helpers.serve(lambda _, lab_dir: node_agent(lab_dir, sys.argv[2]), with_plan=False)
+    else:
+        helpers.serve(lambda plan, lab_dir: Controller(shares(plan), lab_dir))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""What the controller watches on one node (a Switch): its netlink socket, its ECN-marking and
+"""What a switch agent watches on one node (a Switch): its netlink socket, its ECN-marking and
 lossless queues, the one request that reads their backlogs, and who feeds each port."""
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 from labctl.dataplane import ecn, pfcport
 from labctl.kernel import ecnpath, fastmaps, nsutil, rtnl
 from labctl.kernel.nft import Nft
-from labctl.plan import feeders, qos
-from labctl.plan.model import LabPlan, Node
+from labctl.plan import qos
+from labctl.plan.model import Node
+from labctl.plan.share import NodeShare
 from labctl.telemetry import qdepth
 from labctl.telemetry.nftcounters import family_of as nft_family
 
@@ -18,6 +19,7 @@ class Switch:
     node: Node
     sock: object
     nft: Nft | None
+    share: NodeShare | None = None                # what the node's agent knows of the lab (plan/share.py)
     ecn_ports: dict[tuple[int, int], tuple] = field(default_factory=dict)  # (ifindex, leaf major) -> (tc, settings)
     marking: dict[tuple[int, int], int] = field(default_factory=dict)    # (ifindex, tc) -> N
     wanted: set = field(default_factory=set)
@@ -43,27 +45,16 @@ class Switch:
     path_marking: object = None                   # ecnpath.Queues: its ports mark in the data path
 
 
-def served(plan: LabPlan) -> list[tuple[Node, list, list]]:
-    """(node, its lossless (iface, class) pairs, its ECN-marking (ifindex, tc, minor) ports) for every
-    node the controller serves: a switching node that marks, or any node with a lossless class."""
-    out = []
-    for node in plan.nodes:
-        lossless = [(i, c) for i in node.interfaces for c in i.shaping.classes if c.lossless]
-        ports = [(i.index, c.tc, qos.class_minor(c.tc)) for i in node.interfaces for c in i.shaping.classes
-                 if c.ecn] if node.switching else []
-        if ports or lossless:
-            out.append((node, lossless, ports))
-    return out
-
-
-def open_switch(plan: LabPlan, node: Node, lossless: list, ports: list, nft: Nft | None, macs: dict,
-                settings) -> Switch:
+def open_switch(share: NodeShare, nft: Nft | None, settings) -> Switch:
     """Open a node's sockets, install its marking rules and prepare the request that reads its
     queues. `settings(node name, ifindex, tc)` gives a class's control.PortSettings."""
+    node = share.node
+    lossless = share.lossless
+    ports = [(ifindex, tc, qos.class_minor(tc)) for ifindex, tc in share.marking]
     with nsutil.entered(node.namespace):
         sock = rtnl.open_socket()
     kick_sock = pfcport.kick_socket(node.namespace) if lossless else None
-    sw = Switch(node, sock, nft, feeders=feeders.feeders(plan, node) if node.switching else {},
+    sw = Switch(node, sock, nft, share=share, feeders={e: set(f) for e, f in share.feeders.items()},
                 family=nft_family(node), kick_sock=kick_sock)
     if ports:
         sw.nft.run(ecn.setup_rules(ports, sw.family))
@@ -76,7 +67,7 @@ def open_switch(plan: LabPlan, node: Node, lossless: list, ports: list, nft: Nft
     write_profiles(sw)
     for i, c in lossless:
         sw.pfc[(i.index, qos.leaf_handle(c.tc) >> 16)] = pfcport.Port(
-            node, i, c, macs[(i.peer_node, i.peer_iface)], sock, settings(node.name, i.index, c.tc), kick_sock)
+            node, i, c, share.peer_macs[i.name], sock, settings(node.name, i.index, c.tc), kick_sock)
     sw.wanted = set(sw.ecn_ports) | (set(sw.pfc) if node.switching else set())
     total = sum(i.shaping.rate_bps for i in node.interfaces) / 8
     for key in sw.wanted:     # whatever the routes: every other port at its full rate

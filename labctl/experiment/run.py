@@ -25,7 +25,7 @@ from labctl.experiment.metrics import run_metrics
 from labctl.experiment.resolve import in_experiment, resolve
 from labctl.experiment.spec import METRICS, Experiment, TcStep, load_experiment
 from labctl.plan.model import LabPlan
-from labctl.telemetry import fabricports
+from labctl.telemetry import agentreport, fabricports
 from labctl.traffic.run import run_workload
 from labctl.traffic.workload import LoadedWorkload, load_workload
 
@@ -151,11 +151,23 @@ LAB_RECORDS = ("plan.json", "pfc.json", "wan.json")
 
 def keep_lab_records(lab_path: Path, dest: Path) -> None:
     """The lab's plan, last PFC and WAN counters and its helpers' logs (controller.log, ...) go with
-    the experiment: `down` removes the lab's directory, and a failed expectation is read from them."""
+    the experiment: `down` removes the lab's directory, and a failed expectation is read from them.
+    Agents in the nodes leave one report each: pfc.json is their merge (agentreport.py), and their
+    logs are kept as agents/NODE.log."""
     dest.mkdir(exist_ok=True)
     for f in sorted(lab_path.iterdir()):
         if (f.name in LAB_RECORDS or f.suffix == ".log") and f.is_file() and not f.is_symlink():
             dest.joinpath(f.name).write_bytes(f.read_bytes())
+    nodes = agentreport.agent_nodes(lab_path)
+    if nodes:
+        merged = agentreport.load(lab_path)
+        if merged is not None:
+            dest.joinpath(agentreport.FILE).write_text(json.dumps(merged))
+        dest.joinpath(agentreport.DIRECTORY).mkdir(exist_ok=True)
+        for node in nodes:
+            log = agentreport.directory(lab_path, node) / "agent.log"
+            if log.is_file() and not log.is_symlink():
+                dest.joinpath(agentreport.DIRECTORY, f"{node}.log").write_bytes(log.read_bytes())
 
 
 def _step(exp, k, step, plan, lab, workloads, out, suffix, metrics, runs, say) -> None:

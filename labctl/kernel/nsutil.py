@@ -198,6 +198,17 @@ def entered(name: str):
         os.close(fd)
 
 
+def enter_for_good(name: str) -> None:
+    """Move the calling thread into namespace `name` and stay there (a helper that belongs to one
+    node, as `ip netns exec` would start it). Call it before any other thread starts: threads
+    started afterwards inherit it."""
+    fd = os.open(path(name), os.O_RDONLY)
+    try:
+        _setns(fd)
+    finally:
+        os.close(fd)
+
+
 @contextlib.contextmanager
 def netlink_socket(name: str):
     """A NETLINK_ROUTE socket bound to namespace `name`, closed after the block."""

@@ -89,9 +89,13 @@ def build(loaded: Loaded, backend: str = "netns", progress=None,
 
 
 def start_controller(plan: LabPlan, lab: state.LabDir) -> int | None:
-    """The data-plane controller (ECN marking from queue depths, PFC), if any class needs one."""
-    from labctl.dataplane import controller
+    """The switch agents (ECN profiles, PFC), if any class needs them: one on the host for the
+    whole lab, or one inside each node that needs one (dataplane/agents.py)."""
+    from labctl.dataplane import agents, controller
     if not controller.needed(plan):
+        return None
+    if agents.mode() == "node":
+        lab.write_state(agent_pids=agents.start_in_nodes(plan, lab))
         return None
     pid = helpers.start(lab, "labctl.dataplane.controller", "controller", "the data-plane controller")
     lab.write_state(controller_pid=pid)

@@ -40,19 +40,22 @@ def status(lab: state.LabDir) -> dict:
 
 
 def helpers(lab: state.LabDir) -> list[dict]:
-    """Each helper process the lab needs (controller, WAN line): running or not, and what it reports."""
+    """Each helper process the lab needs (switch agents, WAN line): running or not, and what it reports."""
+    from labctl.telemetry import agentreport
     st = lab.read_state()
     journaled = {int(e.partition(":")[0]): e for e in lab.journaled("pid") if e.partition(":")[0].isdigit()}
+    wanted = [("controller", st.get("controller_pid"), lambda: agentreport.load(lab.path) or {}, "controller.log"),
+              ("WAN line", st.get("line_pid"), lambda: _read_json(lab.path / "wan.json"), "line.log")]
+    for node, pid in sorted((st.get("agent_pids") or {}).items()):
+        where = agentreport.directory(lab.path, node)
+        wanted.append((f"switch agent {node}", pid, lambda f=where / agentreport.FILE: _read_json(f),
+                       f"{agentreport.DIRECTORY}/{node}/agent.log"))
     out = []
-    for name, key, report in (("controller", "controller_pid", "pfc.json"), ("WAN line", "line_pid", "wan.json")):
-        pid = st.get(key)
+    for name, pid, read, log in wanted:
         if not pid:
             continue
         alive = pid in journaled and procs.verified(journaled[pid]) == pid
-        try:
-            doc = json.loads((lab.path / report).read_text())
-        except (OSError, ValueError):
-            doc = {}
+        doc = read()
         notes = []
         if "reaction_hist" in doc:
             from labctl.telemetry import reaction
@@ -63,5 +66,13 @@ def helpers(lab: state.LabDir) -> list[dict]:
         if errors:
             notes.append(f"{len(errors)} refused change(s), last: {errors[-1]}")
         out.append({"helper": name, "pid": pid, "running": alive, "errors": errors,
-                    "note": "; ".join(notes) if alive else f"NOT RUNNING: see {lab.path / (key.split('_')[0] + '.log')}"})
+                    "note": "; ".join(notes) if alive else f"NOT RUNNING: see {lab.path / log}"})
     return out
+
+
+def _read_json(f) -> dict:
+    try:
+        doc = json.loads(f.read_text())
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}

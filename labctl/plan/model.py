@@ -258,17 +258,7 @@ class LabPlan:
         bad = [ns for ns in spaces if not valid_namespace(ns, d["lab"])]
         if bad:
             raise ValueError(f"plan.json lists namespace {bad[0]!r}, which is not one of lab {d['lab']!r}'s")
-        nodes = []
-        for n in d["nodes"]:
-            ifaces = [Interface(**{**i, "shaping": Shaping(**{**i["shaping"], "classes": [
-                ClassPlan(**c) for c in i["shaping"].get("classes", [])]})}) for i in n["interfaces"]]
-            routes = [Route(r["dst"], [NextHop(**h) for h in r["nexthops"]]) for r in n["routes"]]
-            container = Container(**n["container"]) if n.get("container") else None
-            flow_hash = FlowHash(**n["flow_hash"]) if n.get("flow_hash") else None
-            te = [TeRoute(**{**t, "routes": [Route(r["dst"], [NextHop(**h) for h in r["nexthops"]])
-                                             for r in t["routes"]]}) for t in n.get("te", [])]
-            nodes.append(Node(**{**n, "interfaces": ifaces, "routes": routes, "container": container,
-                                 "flow_hash": flow_hash, "te": te}))
+        nodes = [node_from_dict(n) for n in d["nodes"]]
         return cls(d["lab"], d["description"], d["dilation"], d["template"],
                    {k: FabricPlan(**v) for k, v in d["fabrics"].items()}, nodes,
                    [Link(**{**lk, "wire": Wire(**lk["wire"]) if lk.get("wire") else None}) for lk in d["links"]], EcnPlan(**d["ecn"]) if "ecn" in d else EcnPlan(
@@ -276,6 +266,25 @@ class LabPlan:
                    SharedBuffer(**d["shared_buffer"]) if d.get("shared_buffer") else None,
                    d.get("pfc_response_s", 0.02), [Segment(**g) for g in d.get("segments", [])],
                    d.get("queue_reads", "poll"))
+
+
+def node_from_dict(n: dict, lab: str | None = None) -> Node:
+    """A node read back from plan.json or a node's share (plan/share.py); with `lab`, ValueError if
+    its namespace is not one labctl would have named for that lab."""
+    if lab is not None:
+        from labctl.names import valid_namespace
+        if not valid_namespace(n.get("namespace"), lab):
+            raise ValueError(f"node {n.get('name')!r} names namespace {n.get('namespace')!r}, "
+                             f"which is not one of lab {lab!r}'s")
+    ifaces = [Interface(**{**i, "shaping": Shaping(**{**i["shaping"], "classes": [
+        ClassPlan(**c) for c in i["shaping"].get("classes", [])]})}) for i in n["interfaces"]]
+    routes = [Route(r["dst"], [NextHop(**h) for h in r["nexthops"]]) for r in n["routes"]]
+    container = Container(**n["container"]) if n.get("container") else None
+    flow_hash = FlowHash(**n["flow_hash"]) if n.get("flow_hash") else None
+    te = [TeRoute(**{**t, "routes": [Route(r["dst"], [NextHop(**h) for h in r["nexthops"]])
+                                     for r in t["routes"]]}) for t in n.get("te", [])]
+    return Node(**{**n, "interfaces": ifaces, "routes": routes, "container": container,
+                   "flow_hash": flow_hash, "te": te})
 
 
 _FIELDS: dict[type, tuple[str, ...]] = {}

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from labctl.kernel import nsutil, rtnl
 from labctl.plan import qos
-from labctl.telemetry import qdepth
+from labctl.telemetry import agentreport, qdepth
 from labctl.plan.model import LabPlan
 
 DEVICE_FIELDS = ("rx_dropped", "tx_dropped", "rx_errors", "tx_errors")
@@ -103,11 +103,8 @@ def summary(led: dict) -> str:
 
 
 def _kicks_received(plan: LabPlan, lab_path: Path) -> dict[tuple[str, str], int]:
-    """(node, port) -> kick frames its neighbour's controller sent it (pfc.json)."""
-    try:
-        ports = json.loads((Path(lab_path) / "pfc.json").read_text())["ports"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return {}
+    """(node, port) -> kick frames its neighbour's agent sent it (agentreport.py)."""
+    ports = (agentreport.load(lab_path) or {}).get("ports") or []
     out: dict[tuple[str, str], int] = {}
     for p in ports:
         iface = plan.node(p["node"]).iface(p["port"])

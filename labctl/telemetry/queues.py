@@ -5,14 +5,12 @@ ones in force at runtime (`settings`, see dataplane/control.py).
 """
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from types import SimpleNamespace
 
 from labctl.kernel import ecnpath, fastmaps, nsutil
 from labctl.plan import qos
 from labctl.plan.model import LabPlan, Node
-from labctl.telemetry import nftcounters, qdepth
+from labctl.telemetry import agentreport, nftcounters, qdepth
 
 
 def plan_settings(plan: LabPlan, node: Node, iface, cls) -> SimpleNamespace:
@@ -73,11 +71,10 @@ def lab_queues(plan: LabPlan, lab_path=None, settings=None) -> list[dict]:
 
 
 def add_pfc(rows: list[dict], lab_path) -> None:
-    f = Path(lab_path) / "pfc.json"
-    try:
-        ports = {(p["node"], p["port"], p["tc"]): p for p in json.loads(f.read_text())["ports"]}
-    except (OSError, ValueError):
+    doc = agentreport.load(lab_path)
+    if doc is None:
         return
+    ports = {(p["node"], p["port"], p["tc"]): p for p in doc["ports"]}
     for r in rows:
         p = ports.get((r["node"], r["port"], r["tc"]))
         if p:

@@ -141,12 +141,8 @@ def read_long(lab_path, since: float, seen: dict | None = None) -> list:
     """The controller's slow reads that ended after `since` (time.monotonic()), with those `seen`
     (end -> took) in earlier copies of pfc.json: the controller keeps only its latest, and on an
     emulated CPU a run's worst read was pushed out before the run ended."""
-    import json
-    from pathlib import Path
-    try:
-        reads = json.loads((Path(lab_path) / "pfc.json").read_text()).get("long_reads") or []
-    except (OSError, ValueError, AttributeError):
-        reads = []
+    from labctl.telemetry import agentreport
+    reads = (agentreport.load(lab_path) or {}).get("long_reads") or []
     merged = dict(seen or {})
     merged.update((float(end), float(took)) for end, took in reads)
     return sorted((end, took) for end, took in merged.items() if end >= since)
@@ -154,12 +150,8 @@ def read_long(lab_path, since: float, seen: dict | None = None) -> list:
 
 def read(lab_path) -> Histogram:
     """The controller's histogram as it last wrote it (empty if there is no controller)."""
-    import json
-    from pathlib import Path
-    try:
-        return Histogram.from_list(json.loads((Path(lab_path) / "pfc.json").read_text()).get("reaction_hist"))
-    except (OSError, ValueError, AttributeError):
-        return Histogram()
+    from labctl.telemetry import agentreport
+    return Histogram.from_list((agentreport.load(lab_path) or {}).get("reaction_hist"))
 
 
 def describe(s: dict) -> str:

@@ -4,7 +4,7 @@ Columns: t_s (lab seconds since the sampler started), node, port, class, tc, dep
 sent_bytes, sent_packets, drops (cumulative counters of that class's queue), ecn_marked (packets
 this port's class marked CE, cumulative, from the marking rule's nft counter), pfc_tx, pfc_rx
 (PFC frames sent / received on this port for this class) and paused_s (time this class was held
-by pauses from the neighbour). PFC columns come from the controller's pfc.json, which it rewrites
+by pauses from the neighbour). PFC columns come from the switch agents' reports (agentreport.py), which they rewrite
 within 10 ms of a change. A row is written when any column changed since the queue's previous
 row, so idle queues cost nothing.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 from labctl import procs
 from labctl.kernel import ecnpath, fastmaps, nsutil, rtnl
 from labctl.plan import qos
-from labctl.telemetry import nftcounters, qdepth
+from labctl.telemetry import agentreport, nftcounters, qdepth
 from labctl.telemetry.nftcounters import family_of as nft_family
 from labctl.plan.model import LabPlan
 
@@ -29,41 +29,35 @@ COLUMNS = ("t_s", "node", "port", "class", "tc", "depth_bytes", "sent_bytes", "s
 
 
 class PfcFile:
-    """The controller's pfc.json, re-read only when it changed; and every slow read it listed while
-    this watched (end -> took), since the controller lists only its latest (reaction.read_long)."""
-    def __init__(self, path: Path | None):
-        self.path, self.mtime, self.ports = path, 0.0, {}
+    """The switch agents' counters (agentreport.py), re-read only when a report changed; and every
+    slow read they listed while this watched (end -> took), since each lists only its latest
+    (reaction.read_long)."""
+    def __init__(self, lab_path: Path | None):
+        self.watch = agentreport.Watch(lab_path)
+        self.ports = {}
         self.long_reads: dict[float, float] = {}
         self.newest = 0.0
 
     def get(self) -> dict[tuple[str, str, int], dict]:
-        if self.path is None:
-            return self.ports
-        try:
-            mtime = os.stat(self.path).st_mtime
-            if mtime != self.mtime:
-                doc = json.loads(self.path.read_text())
+        doc = self.watch.get()
+        if doc is not None:
+            try:
                 self.ports = {(p["node"], p["port"], p["tc"]): p for p in doc["ports"]}
                 self._add_long_reads(doc.get("long_reads") or [])
-                self.mtime = mtime
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
+            except (KeyError, TypeError):
+                pass
         return self.ports
 
     def _add_long_reads(self, reads: list) -> None:
-        # oldest first, as the controller appends them: only the tail is new since the last copy
-        newest = self.newest
-        for end, took in reversed(reads):
-            if float(end) <= newest:
-                break
-            self.long_reads[float(end)] = float(took)
-            self.newest = max(self.newest, float(end))
+        # each agent lists its reads oldest first, but the merged list of several agents is only
+        # sorted: a slower agent's old read can come after another's newer one, so each is added
+        self.long_reads.update((float(end), float(took)) for end, took in reads)
 
 
 class QueueSampler:
     def __init__(self, plan: LabPlan, path: Path, hz: float = 200.0, lab_path: Path | None = None):
         self.plan, self.path, self.period = plan, path, 1.0 / hz
-        self.pfc = PfcFile(Path(lab_path) / "pfc.json" if lab_path else None)
+        self.pfc = PfcFile(lab_path)
         self.names: dict[tuple[str, int, int], tuple[str, str, int]] = {}
         self.socks = []
         self.marking: dict = {}     # nodes whose programs mark (ecnpath.Queues, fastmaps.Marking)

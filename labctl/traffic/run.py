@@ -11,7 +11,7 @@ from pathlib import Path
 from labctl import procs
 from labctl.paths import new_run_dir  # noqa: F401  (where callers have always found it)
 from labctl.telemetry.stallwatch import StallWatch
-from labctl.telemetry import reaction
+from labctl.telemetry import agentreport, reaction
 from labctl.errors import InputError, LabError, Where
 from labctl.plan.model import LabPlan
 from labctl.state import LabDir
@@ -206,8 +206,8 @@ def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Pa
         losses_before = ledger.snapshot(plan, lab.path)
     reactions_before, since = reaction.read(lab.path), time.monotonic()
     link_bytes_before, uplinks_before = linkbytes.snapshot(plan), fabricports.uplink_bytes(plan)
-    # only where a controller runs: the watchers cost a few % of a core, and only its reaction needs them
-    stalls = StallWatch((lab.path / "pfc.json").exists()).start()
+    # only where switch agents run: the watchers cost a few % of a core, and only their reaction needs them
+    stalls = StallWatch(bool(agentreport.files(lab.path))).start()
     results, flow_results, series, long_reads, counters = _play(plan, lab, loaded, ops, tcp_flows, ranks,
                                                                 out_dir, stalls, progress)
     link_bytes_after, uplinks_after = linkbytes.snapshot(plan), fabricports.uplink_bytes(plan)

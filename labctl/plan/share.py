@@ -1,0 +1,86 @@
+"""A node's share of the plan: everything its switch agent needs, and nothing of the rest of the lab.
+
+The agent (dataplane/controller.py) owns one node's traffic classes, ECN profiles, PFC pause
+generation and response. It needs the node itself (ports, classes, thresholds), the MAC of each
+neighbour's port (pause frames and kicks are addressed to it), which ingress ports feed each egress
+queue (computed here from the whole lab's routes, plan/feeders.py, so the agent never needs them),
+and the lab-wide settings its classes fall back on. A share is small, and it is all an agent reads:
+one agent can serve one node (inside that node) or every node of the lab, with the same code.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from labctl.plan import feeders as feeding
+from labctl.plan.model import EcnPlan, LabPlan, Node, SharedBuffer, _plain, node_from_dict
+
+SHARE_FILE = "share.json"
+
+
+@dataclass
+class NodeShare:
+    lab: str
+    node: Node
+    peer_macs: dict[str, str]        # own port name -> the MAC of the neighbour's port on that link
+    feeders: dict[str, list[str]]    # egress port -> ingress ports whose traffic can queue there
+    ecn: EcnPlan
+    shared_buffer: SharedBuffer | None
+    queue_reads: str                 # "arrivals" or "poll" (dataplane/arrivals.py)
+
+    @property
+    def lossless(self) -> list:
+        """Its (interface, class) pairs that PFC protects."""
+        return [(i, c) for i in self.node.interfaces for c in i.shaping.classes if c.lossless]
+
+    @property
+    def marking(self) -> list[tuple[int, int]]:
+        """(ifindex, tc) of each class it marks ECN on (a switch's only: hosts do not queue for others)."""
+        if not self.node.switching:
+            return []
+        return [(i.index, c.tc) for i in self.node.interfaces for c in i.shaping.classes if c.ecn]
+
+    def to_dict(self) -> dict:
+        return _plain(self)
+
+    @classmethod
+    def from_dict(cls, d: dict, lab: str | None = None) -> "NodeShare":
+        """A share read back; ValueError (from node_from_dict) if its namespace is not one of `lab`'s."""
+        lab = lab or d["lab"]
+        if d["lab"] != lab:
+            raise ValueError(f"a share of lab {d['lab']!r} is not one of lab {lab!r}")
+        return cls(d["lab"], node_from_dict(d["node"], lab), {str(k): str(v) for k, v in d["peer_macs"].items()},
+                   {str(k): [str(x) for x in v] for k, v in d["feeders"].items()}, EcnPlan(**d["ecn"]),
+                   SharedBuffer(**d["shared_buffer"]) if d.get("shared_buffer") else None, d["queue_reads"])
+
+
+def served(plan: LabPlan) -> list[Node]:
+    """The nodes that need an agent: a switch that marks ECN, or any node with a lossless class
+    (a host obeys its switch's pauses)."""
+    return [n for n in plan.nodes
+            if any(c.lossless or (c.ecn and n.switching) for i in n.interfaces for c in i.shaping.classes)]
+
+
+def shares(plan: LabPlan, nodes: list[Node] | None = None) -> list[NodeShare]:
+    """The share of each of `nodes` (default: every node that needs an agent)."""
+    macs = {(n.name, i.name): i.mac for n in plan.nodes for i in n.interfaces}
+    out = []
+    for node in served(plan) if nodes is None else nodes:
+        feeds = feeding.feeders(plan, node) if node.switching else {}
+        out.append(NodeShare(plan.lab, node, {i.name: macs[(i.peer_node, i.peer_iface)] for i in node.interfaces},
+                             {e: sorted(f) for e, f in feeds.items()}, plan.ecn, plan.shared_buffer,
+                             plan.queue_reads))
+    return out
+
+
+def write(share: NodeShare, directory: Path) -> Path:
+    """The share as `directory`/share.json (the agent's own directory in the lab's)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / SHARE_FILE
+    path.write_text(json.dumps(share.to_dict()))
+    return path
+
+
+def read(path: Path, lab: str | None = None) -> NodeShare:
+    return NodeShare.from_dict(json.loads(Path(path).read_text()), lab)

@@ -1,0 +1,112 @@
+"""The switch agents' counters, read as one report whichever way the agents are placed.
+
+An agent serving the whole lab writes `pfc.json` in the lab's directory; an agent per node writes
+`agents/NODE/pfc.json` (dataplane/agents.py). Every reader (status, samplers, runs, the ledger, `tc set`)
+takes the lab's counters from `load` or a `Watch` here, never from a file, so none of them knows
+where the agents run. Merged, the report is what one agent would have written:
+- `ports`: every agent's, together;
+- `reaction_hist`, `work_hist`: the sums (each agent measures its own reads);
+- `long_reads`, `slow_steps`, `errors`: all of them, in time order where they have one;
+- `generation`: the oldest applied, so a change counts as live only once every agent has it;
+- `agents`: how many reports were merged.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from labctl.names import valid_node_name
+
+FILE = "pfc.json"
+DIRECTORY = "agents"
+SUMMED = ("reaction_hist", "work_hist")
+
+
+def directory(lab_path: Path, node: str) -> Path:
+    """Node `node`'s agent directory; ValueError for a name labctl would not have given a node
+    (the name comes from the command line of a root process and becomes a path)."""
+    if not valid_node_name(node):
+        raise ValueError(f"{node!r} is not a node name")
+    return Path(lab_path) / DIRECTORY / node
+
+
+def agent_nodes(lab_path: Path) -> list[str]:
+    """The nodes that have an agent directory in the lab, by name."""
+    root = Path(lab_path) / DIRECTORY
+    try:
+        return sorted(p.name for p in root.iterdir() if p.is_dir() and valid_node_name(p.name))
+    except OSError:
+        return []
+
+
+def files(lab_path: Path) -> list[Path]:
+    """The report files of the lab's agents that exist now."""
+    lab_path = Path(lab_path)
+    out = [lab_path / FILE] if (lab_path / FILE).exists() else []
+    for node in agent_nodes(lab_path):
+        f = directory(lab_path, node) / FILE
+        if f.exists():
+            out.append(f)
+    return out
+
+
+def _read(f: Path) -> dict | None:
+    try:
+        doc = json.loads(f.read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def merge(docs: list[dict]) -> dict:
+    """One report from several agents' (see the module's docstring)."""
+    if len(docs) == 1:
+        return {**docs[0], "agents": 1}
+    out: dict = {"time": max((d.get("time", 0) for d in docs), default=0),
+                 "generation": min((d.get("generation", 0) for d in docs), default=0),
+                 "ports": [p for d in docs for p in d.get("ports") or []],
+                 "long_reads": sorted(r for d in docs for r in d.get("long_reads") or []),
+                 "slow_steps": [s for d in docs for s in d.get("slow_steps") or []],
+                 "errors": [e for d in docs for e in d.get("errors") or []],
+                 "agents": len(docs)}
+    for key in SUMMED:
+        lists = [d[key] for d in docs if isinstance(d.get(key), list)]
+        if lists and all(len(x) == len(lists[0]) for x in lists):
+            out[key] = [sum(column) for column in zip(*lists)]
+    return out
+
+
+def load(lab_path: Path) -> dict | None:
+    """The lab's merged report, or None if no agent has written one."""
+    docs = [d for d in (_read(f) for f in files(lab_path)) if d is not None]
+    return merge(docs) if docs else None
+
+
+class Watch:
+    """The merged report, re-read only when one of the agents' files changed (a 100 Hz sampler
+    looks every 10 ms; the agents rewrite theirs at most that often)."""
+    def __init__(self, lab_path: Path | None):
+        self.lab_path = Path(lab_path) if lab_path is not None else None
+        self.mtimes: dict[Path, float] = {}
+        self.docs: dict[Path, dict] = {}
+        self.paths: list[Path] = []
+
+    def get(self) -> dict | None:
+        """The newest merged report if any file changed since the last call, else None."""
+        if self.lab_path is None:
+            return None
+        if not self.paths:
+            self.paths = files(self.lab_path)
+        changed = False
+        for f in self.paths:
+            try:
+                mtime = os.stat(f).st_mtime
+            except OSError:
+                continue
+            if mtime != self.mtimes.get(f):
+                doc = _read(f)
+                if doc is not None:
+                    self.docs[f], self.mtimes[f] = doc, mtime
+                    changed = True
+        return merge(list(self.docs.values())) if changed else None

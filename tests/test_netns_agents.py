@@ -1,0 +1,79 @@
+"""Switch agents inside the nodes (LABCTL_SWITCH_AGENTS=node): each served node runs its own agent
+in its own namespace, from its share of the plan alone, and the lab behaves as with one agent for
+the whole lab: the incast loses nothing, both ends of every paused link count the same frames,
+`tc set` reaches every agent, and `down` leaves nothing."""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import require_root
+from labctl import lifecycle as labmod
+from labctl import procs, state
+from labctl.dataplane import agents, control
+from labctl.kernel import nsutil
+from labctl.plan import share
+from labctl.telemetry import agentreport
+from labctl.telemetry.queues import lab_queues
+from labctl.traffic.run import run_workload
+from labctl.traffic.workload import load_workload
+
+ROOT = Path(__file__).resolve().parents[1]
+LEAF_SPINE = ROOT / "topologies" / "leaf-spine.yml"
+INCAST = ROOT / "workloads" / "incast.yml"
+pytestmark = pytest.mark.netns
+
+
+def test_agents_in_the_nodes_keep_the_incast_lossless_and_leave_nothing(built_lab, tmp_path, monkeypatch):
+    require_root()
+    monkeypatch.setenv(agents.ENV, "node")
+    plan = built_lab(LEAF_SPINE, sets=["scale_up=false"])
+    lab = state.lab_dir(plan.lab)
+    st = lab.read_state()
+    served = {n.name for n in share.served(plan)}
+    assert "controller_pid" not in st and set(st["agent_pids"]) == served
+    assert {"leaf1", "spine1", "srv1-gpu0"} <= served and "srv1-nvs" not in served
+    for name, pid in st["agent_pids"].items():
+        # inside its node: the agent's network namespace is the node's
+        node = plan.node(name)
+        assert os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat(nsutil.path(node.namespace)).st_ino, name
+        assert os.sched_getscheduler(pid) == os.SCHED_FIFO
+        # and what it was given is its share, not the plan
+        given = share.read(agentreport.directory(lab.path, name) / share.SHARE_FILE, plan.lab)
+        assert given.node.name == name and given.node.interfaces == node.interfaces
+
+    doc = run_workload(plan, lab, load_workload(INCAST), tmp_path / "run")
+    (r,) = doc["results"]
+    rx = [q for c in doc["counters"].values() for q in c["rx"]]
+    assert r["wrong"] == 0 and sum(q["gaps"] for q in rx) == 0
+    assert doc["loss_ledger"]["total"] == 0 and doc["loss_ledger"]["lossless_drops"] == 0
+    assert sum(q["drops"] for q in lab_queues(plan) if q["lossless"]) == 0
+    react = doc["controller_reaction"]
+    assert react["reads"] > 100 and react["controller_within_headroom"], react
+    assert sum(q["ce"] for q in rx) > 0          # marked in the data path, with profiles the agents wrote
+
+    time.sleep(0.3)                   # the agents publish within 10 ms of a change
+    report = agentreport.load(lab.path)
+    assert report["agents"] == len(served)
+    counters = {(p["node"], p["port"]): p for p in report["ports"]}
+    sent = {k: v for k, v in counters.items() if v["pfc_tx"]}
+    assert sent, "the incast never paused anyone"
+    for (node, port), c in sent.items():
+        # sender and receiver are two agents in two namespaces: they count the same frames
+        iface = plan.node(node).iface(port)
+        peer = counters[(iface.peer_node, iface.peer_iface)]
+        assert peer["pfc_rx"] == c["pfc_tx"] and peer["paused_s"] > 0, (node, port, c, peer)
+
+    # a runtime change is live only once every agent applied it
+    from labctl.lifecycle.runtime import tc_set
+    tc_set(lab, plan, plan.node("leaf1"), "srv1-gpu0", kmin="100KB", kmax="300KB")
+    assert agentreport.load(lab.path)["generation"] == control.load(lab.path)["generation"] >= 1
+
+    pids = dict(st["agent_pids"])
+    labmod.down(plan.lab)
+    time.sleep(0.2)
+    assert not [n for n, pid in pids.items() if procs.start_time(pid) is not None]
+    assert not lab.path.exists()
