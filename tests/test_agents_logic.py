@@ -119,3 +119,18 @@ def test_a_sampler_keeps_every_agents_slow_reads_whatever_order_they_arrive_in(t
     assert watch.get() == {("spine1", "leaf1", 3): {"node": "spine1", "port": "leaf1", "tc": 3}}
     assert watch.long_reads == {9.0: 0.02, 10.0: 0.01}
     assert reaction.read_long(tmp_path, 0.0) == [(9.0, 0.02), (10.0, 0.01)]
+
+
+def test_a_switch_agent_needs_only_what_a_node_image_has():
+    """The agent's imports, in a fresh interpreter as `python -P` starts it: the standard library,
+    labctl and numpy (python3-numpy in Debian). No scapy, pyroute2 or cryptography: each would have
+    to be in every node image, and scapy alone cost 0.17 s of CPU and 30 MB per agent."""
+    import subprocess
+    import sys
+    probe = ("import sys, labctl.dataplane.controller; "
+             "print(sorted({m.split('.')[0] for m in sys.modules} - set(sys.stdlib_module_names)))")
+    import ast
+    out = subprocess.run([sys.executable, "-P", "-c", probe], capture_output=True, text=True, check=True,
+                         cwd="/").stdout
+    third_party = {m for m in ast.literal_eval(out) if not m.startswith("_") and m != "labctl"}
+    assert third_party == {"numpy"}, third_party

@@ -16,6 +16,16 @@ def test_frame_is_802_1qbb_and_parses_back():
     assert pfc.parse(pfc.frame("02:1a:00:00:00:01", 3, 0)) == {3: 0}
 
 
+@pytest.mark.parametrize("tc", range(8))
+@pytest.mark.parametrize("quanta", [0, 1, 0x1234, 0xFFFF])
+def test_frame_is_byte_for_byte_what_scapy_builds(tc, quanta):
+    """Built with struct (an agent in a node image has no scapy): the same bytes as scapy's layer."""
+    from scapy.compat import raw
+    mac = "02:1a:00:07:00:03"
+    fields = {f"c{tc}_enabled": 1, f"c{tc}_pause_time": quanta}
+    assert pfc.frame(mac, tc, quanta) == raw(Ether(dst=pfc.PFC_DST, src=mac) / MACControlClassBasedFlowControl(**fields))
+
+
 def test_other_frames_are_not_pfc():
     assert pfc.parse(bytes(60)) is None
     assert pfc.parse(b"\x01\x80\xc2\x00\x00\x01" + bytes(6) + b"\x88\x08\x00\x01" + bytes(44)) is None  # PAUSE

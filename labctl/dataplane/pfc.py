@@ -1,34 +1,33 @@
 """IEEE 802.1Qbb priority flow control: frames, and the per-port state the controller keeps.
 
 A PFC frame goes to 01:80:C2:00:00:01 with EtherType 0x8808 (MAC control), opcode 0x0101, a
-class-enable vector and eight pause times in quanta of 512 bit times (0 = resume). Crafted once
-per (port, class, quanta) with scapy's MACControlClassBasedFlowControl; parsed with struct.
+class-enable vector and eight pause times in quanta of 512 bit times (0 = resume), padded to the
+60-byte minimum. Built and parsed with struct, so that a switch agent needs no scapy (inside a node
+image); the tests hold every frame to scapy's MACControlClassBasedFlowControl, byte for byte.
 """
 from __future__ import annotations
 
-import logging
 import struct
 from dataclasses import dataclass
 from functools import lru_cache
-
-logging.getLogger("scapy.runtime").setLevel(logging.ERROR)
-from scapy.compat import raw  # noqa: E402  (scapy.all costs a second per process)
-from scapy.layers.l2 import Ether  # noqa: E402
-from scapy.contrib.mac_control import MACControlClassBasedFlowControl  # noqa: E402
 
 PFC_DST = "01:80:c2:00:00:01"
 ETH_P_MAC_CONTROL = 0x8808
 OPCODE_PFC = 0x0101
 QUANTUM_BITS = 512
 MAX_QUANTA = 0xFFFF
+MIN_FRAME = 60       # without the FCS, which the port adds
 ETH_P_KICK = 0x88B5  # IEEE local experimental: the frame that restarts a resumed queue (see controller)
 
 
 @lru_cache(maxsize=4096)
 def frame(src_mac: str, tc: int, quanta: int) -> bytes:
     """A PFC frame pausing class `tc` for `quanta` (0 resumes it)."""
-    fields = {f"c{tc}_enabled": 1, f"c{tc}_pause_time": quanta}
-    return raw(Ether(dst=PFC_DST, src=src_mac) / MACControlClassBasedFlowControl(**fields))
+    times = [0] * 8
+    times[tc] = quanta
+    head = (bytes.fromhex(PFC_DST.replace(":", "")) + bytes.fromhex(src_mac.replace(":", ""))
+            + struct.pack("!HHH8H", ETH_P_MAC_CONTROL, OPCODE_PFC, 1 << tc, *times))
+    return head + bytes(MIN_FRAME - len(head))
 
 
 def parse(data: bytes) -> dict[int, int] | None:

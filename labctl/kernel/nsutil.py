@@ -16,7 +16,6 @@ import struct
 import time
 from pathlib import Path
 
-from pyroute2 import netns as pr_netns
 
 from labctl.names import valid_namespace
 
@@ -317,5 +316,7 @@ def remove(name: str) -> bool:
     """Unmount and unlink a namespace; the kernel frees it (and every veth in it) once unused."""
     if not exists(name):
         return False
+    # imported here: a switch agent, which never removes one, runs without pyroute2
+    from pyroute2 import netns as pr_netns
     pr_netns.remove(name)
     return True
