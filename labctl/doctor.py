@@ -215,6 +215,7 @@ def features(k: dict[str, bool]) -> list[dict]:
         {"feature": "NVLink (scale-up) flow control", "mechanism": "credit-based backpressure modelled as "
                                                                    "hop-by-hop pause of the RoCE class on every "
                                                                    "NVLink port", "status": "in use"},
+        _switch_agents(),
         {"feature": "controller and WAN line scheduling",
          "mechanism": "SCHED_FIFO 10; rtnl readers (queue sampler, loss ledger) SCHED_FIFO 5 inside netlink calls"
          if k.get("sched_fifo", True) else "nice -10 (real-time refused here: a burst of CPU load can delay a "
@@ -336,8 +337,22 @@ def lab_paths() -> list[dict]:
                     (fast if fastmaps.forwarded(node) is not None else slow).append(node.name)
                 except OSError:
                     slow.append(node.name)
-        out.append({"lab": d.name, "fast_path": fast, "slow_path": slow, "ecn_in_data_path": marking})
+        agents_in_nodes = sorted((d.read_state().get("agent_pids") or {}))
+        out.append({"lab": d.name, "fast_path": fast, "slow_path": slow, "ecn_in_data_path": marking,
+                    "agents_in_nodes": agents_in_nodes})
     return out
+
+
+def _switch_agents() -> dict:
+    from labctl.dataplane import agents
+    try:
+        placement = agents.mode()
+    except Exception as exc:             # a bad LABCTL_SWITCH_AGENTS: say it here, `up` refuses it
+        return {"feature": "switch agents (PFC, ECN profiles)", "mechanism": str(exc), "status": "MISCONFIGURED"}
+    where = ("one agent on the host serves every node (LABCTL_SWITCH_AGENTS=node: one inside each node)"
+             if placement == "lab" else
+             "one agent inside each node that needs one, from its share of the plan (LABCTL_SWITCH_AGENTS=node)")
+    return {"feature": "switch agents (PFC, ECN profiles)", "mechanism": where, "status": "in use"}
 
 
 def _marks_in_data_path(node) -> bool:

@@ -5,6 +5,7 @@ the whole lab: the incast loses nothing, both ends of every paused link count th
 from __future__ import annotations
 
 import os
+import struct
 import time
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from conftest import require_root
 from labctl import lifecycle as labmod
 from labctl import procs, state
 from labctl.dataplane import agents, control
-from labctl.kernel import nsutil
+from labctl.kernel import ecnpath, nsutil
 from labctl.plan import share
 from labctl.telemetry import agentreport
 from labctl.telemetry.queues import lab_queues
@@ -45,6 +46,13 @@ def test_agents_in_the_nodes_keep_the_incast_lossless_and_leave_nothing(built_la
         given = share.read(agentreport.directory(lab.path, name) / share.SHARE_FILE, plan.lab)
         assert given.node.name == name and given.node.interfaces == node.interfaces
 
+    from labctl import doctor
+    (mine,) = [d for d in doctor.lab_paths() if d["lab"] == plan.lab]
+    assert mine["agents_in_nodes"] == sorted(served)
+    from labctl.lifecycle.inspect import helpers
+    shown = {h["helper"]: h for h in helpers(lab)}
+    assert set(shown) == {f"switch agent {n}" for n in served} and all(h["running"] for h in shown.values())
+
     doc = run_workload(plan, lab, load_workload(INCAST), tmp_path / "run")
     (r,) = doc["results"]
     rx = [q for c in doc["counters"].values() for q in c["rx"]]
@@ -69,8 +77,20 @@ def test_agents_in_the_nodes_keep_the_incast_lossless_and_leave_nothing(built_la
 
     # a runtime change is live only once every agent applied it
     from labctl.lifecycle.runtime import tc_set
-    tc_set(lab, plan, plan.node("leaf1"), "srv1-gpu0", kmin="100KB", kmax="300KB")
+    leaf1 = plan.node("leaf1")
+    port = leaf1.iface("srv1-gpu0")
+    roce = next(c for c in port.shaping.classes if c.ecn)
+    with nsutil.netlink_socket(leaf1.namespace) as sock:
+        queues = ecnpath.open_queues(sock, leaf1)
+
+    def kmin_in_force() -> int:
+        at = queues.row(port.index, roce.tc) * ecnpath.VALUE
+        return struct.unpack_from("=I", queues.mem, at + ecnpath.KMIN)[0]
+
+    assert kmin_in_force() == (roce.kmin_bytes or plan.ecn.kmin) != 100_000
+    tc_set(lab, plan, leaf1, "srv1-gpu0", kmin="100KB", kmax="300KB")
     assert agentreport.load(lab.path)["generation"] == control.load(lab.path)["generation"] >= 1
+    assert kmin_in_force() == 100_000          # leaf1's own agent wrote it into leaf1's data path
 
     pids = dict(st["agent_pids"])
     labmod.down(plan.lab)

@@ -133,7 +133,9 @@ def doctor(as_json):
         fast, slow = lab["fast_path"], lab["slow_path"]
         out.print(f"lab {lab['lab']}: {len(fast)} routers forward on the fast path"
                   + (f", {len(slow)} on the slow path ({', '.join(slow)})" if slow else "")
-                  + f"; {len(lab.get('ecn_in_data_path', []))} switches mark ECN in the data path")
+                  + f"; {len(lab.get('ecn_in_data_path', []))} switches mark ECN in the data path"
+                  + (f"; {len(lab['agents_in_nodes'])} nodes run their own switch agent"
+                     if lab.get("agents_in_nodes") else "; one switch agent on the host"))
     if not report["root"]:
         out.print("[yellow]not root:[/] kernel probes were skipped; run `sudo labctl doctor`")
 

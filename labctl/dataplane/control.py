@@ -101,11 +101,19 @@ def merge(lab_path: Path, changes: dict[str, dict]) -> int:
         for k, settings in changes.items():
             doc["ports"].setdefault(k, {}).update(settings)
         doc["generation"] += 1
-        fd, tmp = tempfile.mkstemp(prefix=".control-", dir=lab_path)
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent=1)
-        os.replace(tmp, Path(lab_path) / FILE)
+        _write(Path(lab_path), doc)
+        # an agent inside a node sees only its own directory: its ports' part of every generation
+        for node in agentreport.agent_nodes(lab_path):
+            own = {k: v for k, v in doc["ports"].items() if k.split(":", 1)[0] == node}
+            _write(agentreport.directory(lab_path, node), {"generation": doc["generation"], "ports": own})
     return doc["generation"]
+
+
+def _write(directory: Path, doc: dict) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=".control-", dir=directory)
+    with os.fdopen(fd, "w") as f:
+        json.dump(doc, f, indent=1)
+    os.replace(tmp, directory / FILE)
 
 
 @dataclass

@@ -46,13 +46,13 @@ COUNTERS_EVERY, COUNTERS_AT_LEAST = 0.01, 1.0
 class Controller:
     """The switch agent of the nodes in `shares`: every node of a lab (one process on the host) or
     one node (inside it). It reports to `report_file` (telemetry/agentreport.py) and obeys the lab's control.json."""
-    def __init__(self, shares: list[NodeShare], lab_dir: Path | None = None, report_file: Path | None = None):
+    def __init__(self, shares: list[NodeShare], home: Path | None = None, report_file: Path | None = None):
         raise_fd_limit(4 * sum(len(s.node.interfaces) for s in shares) + 256)
         self.shares = shares
-        self.lab_dir = lab_dir
-        if report_file is None and lab_dir is not None:
-            report_file = lab_dir / agentreport.FILE
-        self.files = Publisher(report_file, lab_dir / control.FILE if lab_dir else None)
+        self.home = home               # where its control.json is: the lab's directory, or the agent's own
+        if report_file is None and home is not None:
+            report_file = home / agentreport.FILE
+        self.files = Publisher(report_file, home / control.FILE if home else None)
         self._init_counters()
         self.classes = {}   # (node, ifindex, tc) -> (node, iface, cls), for applying control.json
         self.switches: list[Switch] = []    # nodes with queues to watch, polled every loop
@@ -153,7 +153,7 @@ class Controller:
             return
         self.files.control_changed.clear()
         try:
-            doc = control.load(self.lab_dir, strict=True)
+            doc = control.load(self.home, strict=True)
             for (n, i, tc) in self.classes:
                 self._settings(doc["ports"], n, i, tc).validate(f"{n} port {i} tc {tc}")
         except (ValueError, TypeError) as exc:
@@ -364,7 +364,7 @@ class Controller:
 
     def write_counters(self, now: float, force: bool = False) -> None:
         """pfc.json, when a counter or the applied generation changed (or `force`)."""
-        if self.lab_dir is None:
+        if self.home is None:
             return
         # the change test looks at one number: comparing 5,000 ports' counters every 10 ms took
         # a third of the loop at 1,024 GPUs
@@ -407,14 +407,15 @@ def needed(plan: LabPlan) -> bool:
 
 
 def node_agent(lab_dir: Path, name: str) -> Controller:
-    """Node `name`'s own agent, from its share alone, moved into the node's namespace first: every
-    socket, program and rule it opens is the node's, as if it ran on the switch."""
+    """Node `name`'s own agent, started from the host: moved into the node's namespace first, so
+    every socket, program and rule it opens is the node's, as if it ran on the switch."""
     own_dir = agentreport.directory(lab_dir, name)
     own = read_share(own_dir / SHARE_FILE, lab_dir.name)     # a lab's directory is named after it (state.py)
     if own.node.name != name:
         raise ValueError(f"{own_dir / SHARE_FILE} is the share of {own.node.name!r}, not {name!r}")
     nsutil.enter_for_good(own.node.namespace)
-    return Controller([own], lab_dir, own_dir / agentreport.FILE)
+    # its directory is all it reads and writes: its share, its part of control.json, its report
+    return Controller([own], own_dir, own_dir / agentreport.FILE)
 
 
 def main() -> None:

@@ -59,9 +59,11 @@ def helpers(lab: state.LabDir) -> list[dict]:
         notes = []
         if "reaction_hist" in doc:
             from labctl.telemetry import reaction
-            plan = load_plan(lab)
-            notes.append(reaction.describe(reaction.summary(reaction.Histogram.from_list(doc["reaction_hist"]),
-                                                            plan.pfc_response_s)))
+            h = reaction.Histogram.from_list(doc["reaction_hist"])
+            if h.samples or name == "controller":
+                notes.append(reaction.describe(reaction.summary(h, load_plan(lab).pfc_response_s)))
+            else:       # a node's agent: a host's only obeys pauses, a switch's has read no busy queue yet
+                notes.append("no busy queue read yet")
         errors = doc.get("errors") or []
         if errors:
             notes.append(f"{len(errors)} refused change(s), last: {errors[-1]}")
