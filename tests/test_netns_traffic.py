@@ -1,6 +1,7 @@
 """RoCEv2 agents on a real lab: collectives, accounting, captures, loss and CNPs."""
 from __future__ import annotations
 
+import ipaddress
 import json
 import signal
 import struct
@@ -17,6 +18,7 @@ from labctl import lifecycle as labmod
 from labctl import state
 from labctl import backends
 from labctl.kernel import fastmaps, nsutil
+from labctl.telemetry.ledger import summary as ledger_summary
 from labctl.traffic import placement
 from labctl.traffic.run import run_workload
 from labctl.traffic.workload import load_workload
@@ -382,6 +384,30 @@ def test_packets_lost_waiting_for_arp_are_in_the_ledger(lab, tmp_path):
     out = subprocess.run(["ip", "netns", "exec", leaf2.namespace, "ip", "neigh", "show", gpu_addr],
                          capture_output=True, text=True, check=True).stdout
     assert "PERMANENT" in out, out
+
+
+def test_packets_a_router_drops_for_want_of_a_route_are_in_the_ledger(lab, tmp_path):
+    """A routing daemon that withdrew a prefix leaves its router without a route: the packets it
+    then drops are counted in IpExt InNoRoutes (/proc/net/netstat), not in /proc/net/snmp, and a
+    message that never arrives leaves the receiver no PSN gap to see. The ledger must name them."""
+    plan, d = lab
+    leaf2 = plan.node("leaf2")
+    dst = plan.node("srv1-gpu0").iface("leaf1").address.split("/")[0]
+    (route,) = [r for r in leaf2.routes if ipaddress.ip_address(dst) in ipaddress.ip_network(r.dst)]
+    w = workload(tmp_path, "name: noroute\ncollective: sendrecv\nsizes: [1MB]\n"
+                           "participants: [srv2-gpu1, srv1-gpu0]\noptions: {timeout: 2s}\n")
+    subprocess.run(["ip", "-n", leaf2.namespace, "route", "del", route.dst], check=True)
+    try:
+        doc = run_workload(plan, d, w, tmp_path / "run")
+    finally:
+        hops = [x for h in route.nexthops for x in ("nexthop", "via", h.via, "dev", h.dev, "weight", str(h.weight))]
+        subprocess.run(["ip", "-n", leaf2.namespace, "route", "replace", route.dst, *hops], check=True)
+    sent = tx_packets(doc)
+    led = doc["loss_ledger"]
+    no_route = sum(p["count"] for p in led["places"] if p["what"] == "InNoRoutes" and p["node"] == "leaf2")
+    assert sent >= 240 and rx_totals(doc)["packets"] == 0 and doc["results"][0]["wrong"] > 0
+    assert no_route >= sent, led                 # every one of them, at the router that dropped it
+    assert "nothing lost" not in ledger_summary(led)
 
 
 def test_every_port_knows_its_neighbours_from_the_start(lab):

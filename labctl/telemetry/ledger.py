@@ -6,7 +6,9 @@ Places, each read before and after a run (the ledger is the difference):
     less the controller's kick frames, which no protocol takes and the kernel counts as rx drops;
   * per-CPU backlog drops (/proc/net/softnet_stat: the kernel's input queue was full; machine-wide);
   * IP discards and routing failures per namespace, and UDP receive-buffer and input errors
-    (/proc/net/snmp: a forwarding node out of memory or routes, an agent too slow to read);
+    (/proc/net/snmp: a forwarding node out of memory or routes, an agent too slow to read), with
+    forwarded packets that found no route (InNoRoutes, in /proc/net/netstat: a router whose
+    routing daemon withdrew a prefix drops them there, and /proc/net/snmp has no such column);
   * packets dropped while waiting for ARP (/proc/net/stat/arp_cache, machine-wide: labctl writes
     every neighbour in at build time, so this stays 0 unless something else flushed them);
   * frames the WAN line lost on purpose, dropped for want of room, or that its sockets dropped while
@@ -30,6 +32,7 @@ from labctl.plan.model import LabPlan
 DEVICE_FIELDS = ("rx_dropped", "tx_dropped", "rx_errors", "tx_errors")
 UDP_FIELDS = ("RcvbufErrors", "InErrors")
 IP_FIELDS = ("InDiscards", "InHdrErrors", "InAddrErrors", "OutDiscards", "OutNoRoutes")
+IPEXT_FIELDS = ("InNoRoutes", "InTruncatedPkts")
 MACHINE_WIDE = (("softnet", "backlog drops"), ("neighbour", "unresolved discards"))
 WAN_FIELDS = ("lost", "overflow", "bad_icv", "socket_drops", "send_errors")
 
@@ -52,7 +55,7 @@ def snapshot(plan: LabPlan, lab_path: Path | None = None) -> dict[tuple, int]:
             out[("device", node.name, i.name, "rx_dropped")] -= kicks.get((node.name, i.name), 0)
         with nsutil.entered(node.namespace):
             snmp = _snmp()
-        for proto, fields in (("Udp", UDP_FIELDS), ("Ip", IP_FIELDS)):
+        for proto, fields in (("Udp", UDP_FIELDS), ("Ip", IP_FIELDS), ("IpExt", IPEXT_FIELDS)):
             for field in fields:
                 out[(proto.lower(), node.name, "", field)] = snmp.get(proto, {}).get(field, 0)
     out.update(machine_wide())
@@ -114,9 +117,11 @@ def _kicks_received(plan: LabPlan, lab_path: Path) -> dict[tuple[str, str], int]
 
 
 def _snmp() -> dict[str, dict[str, int]]:
-    """The calling thread's namespace's IP and UDP counters (/proc/thread-self/net follows setns)."""
+    """The calling thread's namespace's IP and UDP counters, and IpExt's (/proc/thread-self/net
+    follows setns)."""
     try:
         text = Path("/proc/thread-self/net/snmp").read_text()
+        text += Path("/proc/thread-self/net/netstat").read_text()
     except OSError:
         return {}
     rows: dict[str, list[list[str]]] = {}
