@@ -1,10 +1,13 @@
 """The lab's helper processes (the data-plane controller, the WAN line): one way to start them, one
 way to serve, and the files they share with the rest of labctl.
 
-A helper stands in for switch hardware, so it starts real-time (procs.py), in its own session,
-with `python -P` from `/` (it imports labctl from its install, never from the user's directory),
-journaled as PID and start time before it can do anything; it says "ready" on stdout once it holds
-its sockets and rules, and `start` waits for that.
+A helper stands in for switch hardware, so it runs real-time (procs.py). It starts in its own
+session, with `python -P` from `/` (it imports labctl from its install, never from the user's
+directory), journaled as PID and start time before it can do anything; it says "ready" on stdout
+once it holds its sockets and rules, and `start` waits for that, then makes every thread of it
+real-time. Its start (imports, sockets, programs) runs at normal priority: sixteen switch agents
+starting at real-time priority held FRR's bfdd off the CPU past BFD's 300 ms, and every BGP
+session of the lab went down just as `up` returned.
 
 Its files are written by a thread of its own (Publisher): a file system call can block for tens
 of milliseconds (writing and renaming pfc.json on ext4 took up to 23 ms while captures and run
@@ -77,19 +80,23 @@ def start(lab, module: str, log_name: str, what: str, args: tuple[str, ...] = ()
     p = launch(lab, module, log_name, args)
     await_ready(p, what, lab.path / f"{log_name}.log")
     p.stdout.close()
+    procs.prioritise_all(p.pid)
     return p.pid
 
 
 def launch(lab, module: str, log_name: str, args: tuple[str, ...] = ()) -> subprocess.Popen:
-    """Start helper `module` (`python -P -m module LAB_DIR ARGS...`), journaled and real-time,
-    without waiting: several start together, then each is awaited (await_ready)."""
+    """Start helper `module` (`python -P -m module LAB_DIR ARGS...`), journaled, without waiting:
+    several start together, then each is awaited (await_ready) and made real-time (prioritise_all)."""
+    return launch_argv(lab, [sys.executable, "-P", "-m", module, str(lab.path), *args], log_name)
+
+
+def launch_argv(lab, argv: list[str], log_name: str) -> subprocess.Popen:
+    """Start a helper from its whole command line (one that runs it inside a container, say)."""
     log = open(lab.path / f"{log_name}.log", "w")
-    p = subprocess.Popen([sys.executable, "-P", "-m", module, str(lab.path), *args], cwd="/",
-                         stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True,
+    p = subprocess.Popen(argv, cwd="/", stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True,
                          start_new_session=True)
     log.close()
     lab.journal("pid", procs.identity(p.pid))
-    procs.prioritise(p.pid)
     return p
 
 
@@ -114,11 +121,12 @@ def await_ready(p: subprocess.Popen, what: str, log: Path | None = None, tail: i
     raise LabError(f"{what} did not start: {said}")
 
 
-def serve(make, with_plan: bool = True) -> None:
+def serve(make, with_plan: bool = True, lab_dir: Path | None = None) -> None:
     """A helper's main: `make(plan, lab_dir)` builds it from the lab's record (`make(None, lab_dir)`
-    without the plan: a switch agent reads only its node's share); then "ready", then run()."""
+    without the plan: a switch agent reads only its node's share); then "ready", then run().
+    `lab_dir`: the directory it serves, if not its first argument."""
     from labctl.plan.model import LabPlan
-    lab_dir = Path(sys.argv[1])
+    lab_dir = lab_dir or Path(sys.argv[1])
     helper = make(LabPlan.from_lab_dir(lab_dir) if with_plan else None, lab_dir)
     # a full collection would walk everything the setup allocated, in the middle of an incast
     gc.collect()

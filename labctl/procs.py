@@ -37,6 +37,20 @@ def start_time(pid: int) -> int | None:
     return int(fields[19])
 
 
+def descendant(pid: int) -> int:
+    """The last of a chain of only children (a wrapper that forked once, as nsenter does to enter
+    a PID namespace): `pid` itself if it has no child."""
+    while True:
+        try:
+            with open(f"/proc/{pid}/task/{pid}/children") as f:
+                children = f.read().split()
+        except OSError:
+            return pid
+        if len(children) != 1:
+            return pid
+        pid = int(children[0])
+
+
 def identity(pid: int) -> str:
     """What the journal records for a process labctl just started."""
     return f"{pid}:{start_time(pid) or 0}"
@@ -102,6 +116,19 @@ def realtime(priority: int = RTNL_READER_RT_PRIORITY):
         with contextlib.suppress(OSError):
             os.sched_setscheduler(0, policy, param)
             os.setpriority(os.PRIO_PROCESS, 0, nice)
+
+
+def prioritise_all(pid: int, priority: int = HELPER_RT_PRIORITY) -> str:
+    """Every thread of a running process real-time (a policy belongs to a thread: one set on the
+    process's PID reaches only its main thread); threads it starts later inherit it."""
+    said = prioritise(pid, priority)
+    try:
+        tasks = [int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid]
+    except OSError:
+        return said
+    for tid in tasks:
+        prioritise(tid, priority)
+    return said
 
 
 def raise_fd_limit(need: int) -> None:

@@ -73,11 +73,13 @@ def build(loaded: Loaded, backend: str = "netns", progress=None,
             ecnpath.wire(plan, lambda n, i, c: control.settings_for(plan, n, i, c, {}))
             software.run_exec_lines(plan, lab, progress)
             software.learn_addresses(plan, lab)
+            start_controller(plan, lab)
+            start_line(plan, lab)
+            # last: the helpers' start takes CPU that routing daemons' BFD timers need, so the
+            # routing `up` promises is checked once they run
             converged = convergence.wait_converged(plan)
             if converged:
                 lab.write_state(routing_converged_s=round(converged, 3))
-            start_controller(plan, lab)
-            start_line(plan, lab)
         except BaseException:
             builder.destroy(lab)
             raise
