@@ -214,6 +214,27 @@ def write_private(path: Path, text: str) -> None:
         f.write(text)
 
 
+AGENTS = "agents"     # <lab dir>/agents/NODE/: a node's own switch agent's share, control, report, log
+
+
+def agent_directory(lab_path: Path, node: str) -> Path:
+    """Node `node`'s agent directory; ValueError for a name labctl would not have given a node
+    (the name comes from the command line of a root process and becomes a path)."""
+    from labctl.names import valid_node_name
+    if not valid_node_name(node):
+        raise ValueError(f"{node!r} is not a node name")
+    return Path(lab_path) / AGENTS / node
+
+
+def agent_nodes(lab_path: Path) -> list[str]:
+    """The nodes that have an agent directory in the lab, by name."""
+    from labctl.names import valid_node_name
+    try:
+        return sorted(p.name for p in (Path(lab_path) / AGENTS).iterdir() if p.is_dir() and valid_node_name(p.name))
+    except OSError:
+        return []
+
+
 def lab_dir(name: str) -> LabDir:
     """The record of lab `name`; a name that is not a lab name (a path, `..`) is refused, and so
     (as root) is a state directory or lab directory that someone else could have written."""

@@ -97,3 +97,52 @@ def test_agents_in_the_nodes_keep_the_incast_lossless_and_leave_nothing(built_la
     time.sleep(0.2)
     assert not [n for n, pid in pids.items() if procs.start_time(pid) is not None]
     assert not lab.path.exists()
+
+
+def test_a_container_switch_runs_its_agent_inside_its_container(docker_engine, built_lab, tmp_path, monkeypatch):
+    """The BGP leaf-spine: every switch is an FRR container. Its agent is started as `docker exec`
+    would start it (the container's namespaces, root and capabilities), reads the share bound into
+    it, and keeps the incast lossless with the agents of the GPU namespaces."""
+    require_root()
+    from labctl.containers import nodes
+    monkeypatch.setenv(agents.ENV, "node")
+    plan = built_lab(ROOT / "topologies" / "leaf-spine-bgp.yml")
+    lab = state.lab_dir(plan.lab)
+    pids = lab.read_state()["agent_pids"]
+    switches = [n for n in plan.nodes if n.container and n.kind == "switch"]
+    assert len(switches) == 6 and all(nodes.agent_inside(n) for n in switches)
+    for n in switches:
+        pid = pids[n.name]
+        init = docker_engine.containers.get(n.container.name).attrs["State"]["Pid"]
+        for ns in ("mnt", "pid", "net"):
+            assert os.readlink(f"/proc/{pid}/ns/{ns}") == os.readlink(f"/proc/{init}/ns/{ns}"), (n.name, ns)
+        status = Path(f"/proc/{pid}/status").read_text()
+        eff = next(line.split()[1] for line in status.splitlines() if line.startswith("CapEff"))
+        init_eff = next(line.split()[1] for line in Path(f"/proc/{init}/status").read_text().splitlines()
+                        if line.startswith("CapEff"))
+        assert eff == init_eff, n.name              # no capability the container lacks
+        assert os.sched_getscheduler(pid) == os.SCHED_FIFO
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        assert cmd[:2] == [b"python3", b"-P"] and nodes.AGENT_HOME.encode() in cmd
+    # a GPU namespace has no container: its agent is started from the host, moved into it
+    gpu = plan.node("srv1-gpu0")
+    assert not gpu.container and os.stat(f"/proc/{pids[gpu.name]}/ns/net").st_ino == \
+        os.stat(nsutil.path(gpu.namespace)).st_ino
+
+    doc = run_workload(plan, lab, load_workload(INCAST), tmp_path / "run")
+    rx = [q for c in doc["counters"].values() for q in c["rx"]]
+    assert doc["results"][0]["wrong"] == 0 and sum(q["gaps"] for q in rx) == 0
+    assert doc["loss_ledger"]["total"] == 0, doc["loss_ledger"]
+    assert doc["controller_reaction"]["controller_within_headroom"], doc["controller_reaction"]
+    time.sleep(0.3)
+    counters = {(p["node"], p["port"]): p for p in agentreport.load(lab.path)["ports"]}
+    from_switches = {k: v for k, v in counters.items() if v["pfc_tx"] and k[0] in {n.name for n in switches}}
+    assert from_switches, "no switch paused anyone"
+    for (node, port), c in from_switches.items():
+        iface = plan.node(node).iface(port)
+        assert counters[(iface.peer_node, iface.peer_iface)]["pfc_rx"] == c["pfc_tx"]
+
+    labmod.down(plan.lab)
+    time.sleep(0.2)
+    assert not [n for n, pid in pids.items() if procs.start_time(pid) is not None]
+    assert not docker_engine.containers.list(all=True, filters={"label": f"labctl.lab={plan.lab}"})

@@ -6,8 +6,10 @@ the tree. The image is tagged `labctl/<name>:<key>` and `labctl/<name>:latest`, 
 is a hash of everything that decides its content (recipe, suite, builder version), so a second
 build on the same machine finds it and does nothing, and a changed recipe builds anew.
 
-Agents, captures and pings run from the host in the node's netns, so an image needs none of
-them: these are for the user (ping, tcpdump, iperf3 inside a container) and for FRR.
+Traffic agents, captures and pings run from the host in the node's netns, so an image needs none
+of them: these are for the user (ping, tcpdump, iperf3 inside a container) and for FRR. A switch
+agent can run inside the node (LABCTL_SWITCH_AGENTS=node): for it the images carry Python,
+numpy and libnftables.
 """
 from __future__ import annotations
 
@@ -40,11 +42,15 @@ class Recipe:
     cmd: tuple[str, ...] = ("sleep", "infinity")
 
 
+# what a switch agent needs to run inside the node (dataplane/agents.py): Python with numpy, and
+# libnftables; labctl's own code is bound in read-only when the agent starts
+AGENT_PACKAGES = ("python3-numpy", "libnftables1")
 RECIPES = {r.name: r for r in (
-    Recipe("host", "an end host: iproute2, ping, tcpdump, iperf3",
-           ("iproute2", "iputils-ping", "tcpdump", "iperf3", "procps")),
-    Recipe("frr", "a router: Debian's FRR (zebra, bgpd, bfdd, vtysh) with iproute2, ping and tcpdump",
-           ("frr", "iproute2", "iputils-ping", "tcpdump", "procps")),
+    Recipe("host", "an end host: iproute2, ping, tcpdump, iperf3; Python for its switch agent",
+           ("iproute2", "iputils-ping", "tcpdump", "iperf3", "procps") + AGENT_PACKAGES),
+    Recipe("frr", "a router: Debian's FRR (zebra, bgpd, bfdd, vtysh) with iproute2, ping and tcpdump; "
+                  "Python for its switch agent",
+           ("frr", "iproute2", "iputils-ping", "tcpdump", "procps") + AGENT_PACKAGES),
 )}
 
 

@@ -61,7 +61,7 @@ def start(client, node: Node, lab: LabDir) -> int:
                        "build one (`labctl image build host`, `labctl image build frr`), "
                        "or `docker pull` / `docker load` it first") from None
     can_grant(node)
-    binds = c.binds + _written_files(lab, node)
+    binds = c.binds + _written_files(lab, node) + (agent_binds(lab, node) if agent_inside(node) else [])
     lab.journal("container", c.name)
     api = client.api
     host = host_config(api, c, binds)
@@ -109,6 +109,35 @@ def _written_files(lab: LabDir, node: Node) -> list[str]:
         host.chmod(0o644)      # daemons in the container read it as their own user (frr)
         binds.append(f"{host}:{f['path']}:ro")
     return binds
+
+
+# a switch agent inside the node (dataplane/agents.py): labctl's code, read-only, and its directory
+AGENT_CODE = "/opt/labctl"
+AGENT_HOME = "/run/labctl-agent"
+
+
+def agent_inside(node: Node) -> bool:
+    """Whether the node's switch agent runs inside its container: agents are placed in the nodes
+    (LABCTL_SWITCH_AGENTS=node), the node needs one, and the container holds what it needs. A host
+    only obeys pauses (netlink and packet sockets: NET_ADMIN, NET_RAW); a switch also loads BPF
+    programs and maps, which this engine gives only with SYS_ADMIN (Docker 20.10 knows no
+    CAP_BPF): an FRR node has it, another switch's agent runs from the host in its namespace."""
+    from labctl.plan import share
+    c = node.container
+    if c is None or share.placement() != "node" or not share.needs_agent(node):
+        return False
+    return not node.switching or c.privileged or "SYS_ADMIN" in node_capabilities(c.image, c.cap_add)
+
+
+def agent_binds(lab: LabDir, node: Node) -> list[str]:
+    """labctl's own package, read-only, and the node's agent directory (its share, control and
+    report: nothing else of the lab's record), read-write."""
+    import labctl
+    from labctl.state import agent_directory
+    home = agent_directory(lab.path, node.name)
+    home.mkdir(parents=True, exist_ok=True)
+    code = os.path.dirname(os.path.abspath(labctl.__file__))
+    return [f"{code}:{AGENT_CODE}/labctl:ro", f"{home}:{AGENT_HOME}"]
 
 
 def capabilities() -> list[str]:

@@ -15,40 +15,50 @@ counters (pfc.json) and its log (agent.log).
 """
 from __future__ import annotations
 
-import os
-
-from labctl.errors import InputError, Where
-
-ENV = "LABCTL_SWITCH_AGENTS"
-MODES = ("lab", "node")
+from labctl.plan.share import PLACEMENT_ENV as ENV  # noqa: F401 (for readers)
+from labctl.plan.share import PLACEMENTS as MODES  # noqa: F401 (for readers)
+from labctl.plan.share import placement as mode  # noqa: F401 (for readers)
 
 
-def mode() -> str:
-    """The placement `up` uses now (LABCTL_SWITCH_AGENTS, else one agent for the lab)."""
-    value = os.environ.get(ENV, "lab") or "lab"
-    if value not in MODES:
-        raise InputError(Where("environment", key=ENV), f"{value!r} is not a placement of switch agents",
-                         f"set {ENV} to 'lab' (one agent on the host serves every node) or 'node' "
-                         "(an agent inside each node that needs one)")
-    return value
+MODULE = "labctl.dataplane.controller"
 
 
 def start_in_nodes(plan, lab) -> dict[str, int]:
-    """Write each served node's share and start its agent inside it; all start together, then each
-    is awaited. Returns node -> PID. A node whose agent fails to start fails `up` (which rolls back)."""
-    from labctl import helpers
+    """Write each served node's share and start its agent: inside its container where it can run
+    there (containers/nodes.py agent_inside), else from the host moved into its namespace. All
+    start together, then each is awaited. Returns node -> PID (on the host). A node whose agent
+    fails to start fails `up`, which rolls back."""
+    from labctl import helpers, procs
+    from labctl.containers import engine, nodes
     from labctl.plan import share
-    from labctl.telemetry import agentreport
-    started = []
-    for own in share.shares(plan):
-        d = agentreport.directory(lab.path, own.node.name)
-        share.write(own, d)
-        log = f"{agentreport.DIRECTORY}/{own.node.name}/agent"
-        started.append((own.node.name, log, helpers.launch(lab, "labctl.dataplane.controller", log,
-                                                          (own.node.name,))))
+    from labctl.state import AGENTS, agent_directory
+    started, client = [], None
+    try:
+        for own in share.shares(plan):
+            name = own.node.name
+            share.write(own, agent_directory(lab.path, name))
+            log = f"{AGENTS}/{name}/agent"
+            if nodes.agent_inside(own.node):
+                client = client or engine.client()
+                # as `docker exec` runs it: the container's namespaces, root and capabilities
+                argv = nodes.enter_argv(client, own.node.container.name,
+                                        ["/usr/bin/env", f"PYTHONPATH={nodes.AGENT_CODE}", "python3", "-P", "-m",
+                                         MODULE, "--here", nodes.AGENT_HOME])
+                started.append((name, log, helpers.launch_argv(lab, argv, log), True))
+            else:
+                started.append((name, log, helpers.launch(lab, MODULE, log, (name,)), False))
+    finally:
+        if client is not None:
+            client.close()
     pids = {}
-    for name, log, p in started:
+    for name, log, p, inside in started:
         helpers.await_ready(p, f"the switch agent of {name}", lab.path / f"{log}.log")
         p.stdout.close()
-        pids[name] = p.pid
+        pid = p.pid
+        if inside:
+            # nsenter forks the process that enters the container's PID namespace: the agent
+            pid = procs.descendant(p.pid)
+            lab.journal("pid", procs.identity(pid))
+        procs.prioritise_all(pid)
+        pids[name] = pid
     return pids

@@ -418,10 +418,21 @@ def node_agent(lab_dir: Path, name: str) -> Controller:
     return Controller([own], own_dir, own_dir / agentreport.FILE)
 
 
+def agent_here(home: Path) -> Controller:
+    """The agent of the node this process runs in (its container, which has no /run/netns), from
+    the share in its directory `home`: it enters nothing."""
+    own = read_share(home / SHARE_FILE)
+    nsutil.stay_here(own.node.namespace)
+    return Controller([own], home, home / agentreport.FILE)
+
+
 def main() -> None:
     """`LAB_DIR`: one agent for every node that needs one, on the host. `LAB_DIR NODE`: that node's
-    own agent (dataplane/agents.py), reading only its share."""
-    if len(sys.argv) > 2:
+    own agent (dataplane/agents.py), reading only its share. `--here DIR`: the agent of the node
+    this runs in, from the share in DIR (inside a container)."""
+    if sys.argv[1:2] == ["--here"]:
+        helpers.serve(lambda _, home: agent_here(home), with_plan=False, lab_dir=Path(sys.argv[2]))
+    elif len(sys.argv) > 2:
         helpers.serve(lambda _, lab_dir: node_agent(lab_dir, sys.argv[2]), with_plan=False)
     else:
         helpers.serve(lambda plan, lab_dir: Controller(shares(plan), lab_dir))

@@ -31,8 +31,18 @@ def path(name: str) -> Path:
     return NETNS_DIR / name
 
 
+_HERE: str | None = None    # the namespace this process already is in, where /run/netns is not (stay_here)
+
+
+def stay_here(name: str) -> None:
+    """Declare that this process runs inside namespace `name` already, as a switch agent started in
+    its node's container does: the container has no /run/netns, and entering `name` means staying."""
+    global _HERE
+    _HERE = name
+
+
 def exists(name: str) -> bool:
-    return path(name).exists()
+    return (name == _HERE and name is not None) or path(name).exists()
 
 
 CLONE_NEWNET = 0x40000000
@@ -188,6 +198,9 @@ def identity(name: str) -> str | None:
 @contextlib.contextmanager
 def entered(name: str):
     """Run the block inside namespace `name`; sockets opened there stay bound to it."""
+    if name == _HERE and name is not None:
+        yield
+        return
     fd = os.open(path(name), os.O_RDONLY)  # FileNotFoundError rather than pyroute2 creating it
     try:
         with _returning():

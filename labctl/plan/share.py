@@ -10,6 +10,7 @@ one agent can serve one node (inside that node) or every node of the lab, with t
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +18,9 @@ from labctl.plan import feeders as feeding
 from labctl.plan.model import EcnPlan, LabPlan, Node, SharedBuffer, _plain, node_from_dict
 
 SHARE_FILE = "share.json"
+# where agents run: one on the host for the lab, or one inside each node that needs one
+PLACEMENT_ENV = "LABCTL_SWITCH_AGENTS"
+PLACEMENTS = ("lab", "node")
 
 
 @dataclass
@@ -55,11 +59,25 @@ class NodeShare:
                    SharedBuffer(**d["shared_buffer"]) if d.get("shared_buffer") else None, d["queue_reads"])
 
 
+def placement() -> str:
+    """Where `up` places the agents now (LABCTL_SWITCH_AGENTS, else one agent for the lab)."""
+    from labctl.errors import InputError, Where
+    value = os.environ.get(PLACEMENT_ENV, "lab") or "lab"
+    if value not in PLACEMENTS:
+        raise InputError(Where("environment", key=PLACEMENT_ENV), f"{value!r} is not a placement of switch agents",
+                         f"set {PLACEMENT_ENV} to 'lab' (one agent on the host serves every node) or 'node' "
+                         "(an agent inside each node that needs one)")
+    return value
+
+
+def needs_agent(node: Node) -> bool:
+    """A switch that marks ECN, or any node with a lossless class (a host obeys its switch's pauses)."""
+    return any(c.lossless or (c.ecn and node.switching) for i in node.interfaces for c in i.shaping.classes)
+
+
 def served(plan: LabPlan) -> list[Node]:
-    """The nodes that need an agent: a switch that marks ECN, or any node with a lossless class
-    (a host obeys its switch's pauses)."""
-    return [n for n in plan.nodes
-            if any(c.lossless or (c.ecn and n.switching) for i in n.interfaces for c in i.shaping.classes)]
+    """The nodes that need an agent."""
+    return [n for n in plan.nodes if needs_agent(n)]
 
 
 def shares(plan: LabPlan, nodes: list[Node] | None = None) -> list[NodeShare]:

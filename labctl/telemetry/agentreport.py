@@ -16,28 +16,14 @@ import json
 import os
 from pathlib import Path
 
-from labctl.names import valid_node_name
+from labctl.state import AGENTS as DIRECTORY
+from labctl.state import agent_directory, agent_nodes  # noqa: F401 (agent_nodes: for readers)
 
 FILE = "pfc.json"
-DIRECTORY = "agents"
 SUMMED = ("reaction_hist", "work_hist")
 
 
-def directory(lab_path: Path, node: str) -> Path:
-    """Node `node`'s agent directory; ValueError for a name labctl would not have given a node
-    (the name comes from the command line of a root process and becomes a path)."""
-    if not valid_node_name(node):
-        raise ValueError(f"{node!r} is not a node name")
-    return Path(lab_path) / DIRECTORY / node
-
-
-def agent_nodes(lab_path: Path) -> list[str]:
-    """The nodes that have an agent directory in the lab, by name."""
-    root = Path(lab_path) / DIRECTORY
-    try:
-        return sorted(p.name for p in root.iterdir() if p.is_dir() and valid_node_name(p.name))
-    except OSError:
-        return []
+directory = agent_directory      # where each node's agent keeps its files (state.py)
 
 
 def files(lab_path: Path) -> list[Path]:
