@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -134,3 +136,35 @@ def test_a_switch_agent_needs_only_what_a_node_image_has():
                          cwd="/").stdout
     third_party = {m for m in ast.literal_eval(out) if not m.startswith("_") and m != "labctl"}
     assert third_party == {"numpy"}, third_party
+
+
+def test_the_agent_behind_a_forking_wrapper_is_found_and_every_thread_is_scheduled(tmp_path):
+    """nsenter forks once to enter a PID namespace: the agent is its only child. A policy set on a
+    PID reaches one thread, so prioritise_all sets every thread's."""
+    import subprocess
+    import sys
+    from labctl import procs
+    wrapper = subprocess.Popen(["sh", "-c", f"{sys.executable} -c 'import threading, time; "
+                                            "threading.Thread(target=time.sleep, args=(30,)).start(); "
+                                            "time.sleep(30)'; exit 0"])
+    try:
+        deadline = time.monotonic() + 10
+        while procs.descendant(wrapper.pid) == wrapper.pid and time.monotonic() < deadline:
+            time.sleep(0.01)
+        child = procs.descendant(wrapper.pid)
+        assert child != wrapper.pid and b"python" in Path(f"/proc/{child}/cmdline").read_bytes()
+        while len(os.listdir(f"/proc/{child}/task")) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        said = procs.prioritise_all(child)
+        tasks = [int(t) for t in os.listdir(f"/proc/{child}/task")]
+        assert len(tasks) == 2
+        if os.geteuid() == 0:
+            assert said.startswith("SCHED_FIFO") and all(os.sched_getscheduler(t) == os.SCHED_FIFO for t in tasks)
+        else:
+            assert said.startswith("nice")
+    finally:
+        child = procs.descendant(wrapper.pid)
+        if child != wrapper.pid:
+            os.kill(child, signal.SIGKILL)
+        wrapper.kill()
+        wrapper.wait()
