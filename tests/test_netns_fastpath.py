@@ -8,7 +8,6 @@ Every other test runs on the fast path too (it is the default), and on the slow 
 from __future__ import annotations
 
 import csv
-import json
 import time
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 from conftest import require_root
 from labctl import state
 from labctl.kernel import fastmaps, fastpath, nsutil, rtnl
+from labctl.telemetry import agentreport
 from labctl.traffic.run import run_workload
 from labctl.traffic.workload import load_workload
 
@@ -54,8 +54,8 @@ def test_the_bundled_all_reduce_crosses_two_of_three_router_hops_in_their_progra
     plan = built_lab(LEAF_SPINE)
     assert routers(plan), "the bundled lab has routers"
     def paused(name):
-        f = state.lab_dir(plan.lab).path / "pfc.json"
-        return sum(p["pfc_tx"] for p in json.loads(f.read_text())["ports"] if p["node"] == name) if f.exists() else 0
+        report = agentreport.load(state.lab_dir(plan.lab).path) or {"ports": []}
+        return sum(p["pfc_tx"] for p in report["ports"] if p["node"] == name)
     before = {n.name: (kernel_forwarded(n.namespace), port_tx_packets(n), paused(n.name)) for n in routers(plan)}
     spec = tmp_path / "allreduce.yml"
     spec.write_text("name: allreduce\ncollective: all_reduce\nsizes: [4MB]\nparticipants: all\n")
@@ -68,8 +68,8 @@ def test_the_bundled_all_reduce_crosses_two_of_three_router_hops_in_their_progra
     assert all(v is not None for v in fast.values()), fast
     # what each router's ports sent is what its program and its IP stack forwarded and the pause
     # frames the controller sent from them (pfc.json), give or take the odd ARP
-    time.sleep(0.5)                                 # the controller rewrites pfc.json every 0.2 s
-    ports = json.loads((state.lab_dir(plan.lab).path / "pfc.json").read_text())["ports"]
+    time.sleep(0.5)                                 # the agents rewrite their reports within 10 ms
+    ports = agentreport.load(state.lab_dir(plan.lab).path)["ports"]
     pauses = {name: sum(p["pfc_tx"] for p in ports if p["node"] == name) for name in fast}
     for name in fast:
         both = fast[name] + slow[name] + pauses[name] - before[name][2]
@@ -93,9 +93,9 @@ def test_the_bundled_all_reduce_crosses_two_of_three_router_hops_in_their_progra
     assert abs(measured / expected - 1) < 0.01, (measured, expected)
 
 
-def totals(queues_csv: Path) -> dict[str, int]:
-    """What the run added to every port and class: bytes sent, ECN marks, pause frames, drops in a
-    lossless class (queues.csv holds the counters as read from the kernel, first and last row)."""
+def totals(queues_csv: Path, plan) -> dict[str, dict[str, int]]:
+    """What the run added on each fabric's ports (all classes): bytes sent, ECN marks, pause
+    frames, drops (queues.csv holds the counters as read from the kernel, first and last row)."""
     first: dict[tuple, dict] = {}
     last: dict[tuple, dict] = {}
     with open(queues_csv) as f:
@@ -103,10 +103,12 @@ def totals(queues_csv: Path) -> dict[str, int]:
             key = (row["node"], row["port"], row["tc"])
             first.setdefault(key, row)
             last[key] = row
-    out = {"sent_bytes": 0, "ecn_marked": 0, "pfc_tx": 0, "drops": 0}
+    out: dict[str, dict[str, int]] = {}
     for key, row in last.items():
-        for field in out:
-            out[field] += int(row[field]) - int(first[key][field])
+        fabric = out.setdefault(plan.node(key[0]).iface(key[1]).fabric,
+                                {"sent_bytes": 0, "ecn_marked": 0, "pfc_tx": 0, "drops": 0})
+        for field in fabric:
+            fabric[field] += int(row[field]) - int(first[key][field])
     return out
 
 
@@ -125,22 +127,33 @@ def build_on(built_lab, monkeypatch, path: str):
 def test_fast_and_slow_paths_count_the_same_bytes_marks_and_pauses_on_the_incast(built_lab, tmp_path,
                                                                                  monkeypatch):
     """Both labs up side by side and their runs interleaved, so that whatever else the machine does
-    falls on both alike; the counts are summed over RUNS runs each (one run's pause frames vary
-    by ±3% from run to run on either path)."""
+    falls on both alike; the counts are summed over RUNS runs each, per fabric.
+
+    On the scale-out fabric the incast's queues are set by the link rates: per run, on either
+    path, its marks vary by under 1% and its pause frames by about 3%, and both paths must agree
+    within 5%. The NVLink queue into the root is different: three senders at up to 1.8 Gbit/s each
+    (NVLink's lab rate) into one port, so it builds only when the agents' bursts happen to meet on
+    the two CPUs. Its marks are a race between CPU-bound senders, not a property of the path:
+    1,267 to 2,345 in successive runs on one path, once 36. Both paths must carry the same NVLink
+    bytes, with nothing dropped; its marks are printed, not compared."""
     require_root()
     plans = {path: build_on(built_lab, monkeypatch, path) for path in ("fast", "slow")}
-    sums = {path: {"sent_bytes": 0, "ecn_marked": 0, "pfc_tx": 0, "drops": 0} for path in plans}
+    sums: dict[str, dict[str, dict[str, int]]] = {path: {} for path in plans}
     for k in range(RUNS):
         for path, plan in plans.items():
             out = tmp_path / f"{path}{k}"
             doc = run_workload(plan, state.lab_dir(plan.lab), load_workload(INCAST), out)
             (r,) = doc["results"]
             assert r["wrong"] == 0 and doc["loss_ledger"]["lossless_drops"] == 0, (path, k, doc["loss_ledger"])
-            for field, value in totals(out / "queues.csv").items():
-                sums[path][field] += value
+            for fabric, counts in totals(out / "queues.csv", plan).items():
+                into = sums[path].setdefault(fabric, dict.fromkeys(counts, 0))
+                for field, value in counts.items():
+                    into[field] += value
     fast, slow = sums["fast"], sums["slow"]
     print(f"fast {fast}\nslow {slow}")
-    assert fast["drops"] == slow["drops"] == 0, (fast, slow)
-    for field in ("sent_bytes", "ecn_marked", "pfc_tx"):
-        assert slow[field] > 0, (field, slow)
-        assert abs(fast[field] / slow[field] - 1) <= TOLERANCE, (field, fast, slow)
+    assert set(fast) == set(slow) == {"backend", "nvlink"}, (fast, slow)
+    for fabric, fields in (("backend", ("sent_bytes", "ecn_marked", "pfc_tx")), ("nvlink", ("sent_bytes",))):
+        assert fast[fabric]["drops"] == slow[fabric]["drops"] == 0, (fabric, fast, slow)
+        for field in fields:
+            assert slow[fabric][field] > 0, (fabric, field, slow)
+            assert abs(fast[fabric][field] / slow[fabric][field] - 1) <= TOLERANCE, (fabric, field, fast, slow)
