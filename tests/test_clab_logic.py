@@ -223,3 +223,38 @@ def test_container_keys_survive_import_export_import(tmp_path):
             (was.image, was.cmd, was.env, was.binds, was.cap_add), name
     assert again.node("b").container.cap_add == ["NET_ADMIN"], "the kind's cap-add, written on the node"
     assert again.node("a").exec[-1] == ["echo", "a b"]
+
+
+def test_an_export_directory_carries_the_fabric_in_each_nodes_agent(tmp_path):
+    """--out DIR: every node that needs PFC or ECN binds its share and labctl's code and starts its
+    agent, which builds its classes; the header no longer says PFC/ECN are left out."""
+    from labctl.exports import clab
+    from labctl.plan import share
+    plan = plan_of(ROOT / "topologies" / "leaf-spine.yml")
+    written = clab.export_dir(plan, tmp_path / "out")
+    topo = tmp_path / "out" / f"{plan.lab}.clab.yml"
+    assert written[0] == topo
+    text = topo.read_text()
+    doc = yaml.safe_load(text)
+    jsonschema.validate(doc, SCHEMA)
+    header = [line for line in text.splitlines() if line.startswith("#")]
+    assert not any("PFC/ECN controller" in line for line in header)
+    assert any("switch agent" in line for line in header)
+    served = {n.name for n in share.served(plan)}
+    for name, node in doc["topology"]["nodes"].items():
+        has_agent = clab.AGENT_LINE in node["exec"]
+        assert has_agent == (name in served), name
+        if has_agent:
+            assert node["exec"][-1] == clab.AGENT_LINE and not any(line.startswith("sh -c 'tc ") for line in node["exec"])
+            assert f"./agents/{name}:{clab.AGENT_HOME}" in node["binds"]
+            got = share.read(tmp_path / "out" / "agents" / name / share.SHARE_FILE, plan.lab)
+            assert got.node == plan.node(name) and got.queue_reads == "poll"
+    # the code the agents run is labctl's own package, without byte code
+    code = tmp_path / "out" / clab.CODE / "labctl"
+    assert (code / "dataplane" / "controller.py").read_text() == (ROOT / "labctl" / "dataplane" / "controller.py").read_text()
+    assert not list(code.rglob("__pycache__"))
+    # and it reads back in labctl as the same lab, the agents' binds relative to the file
+    back = plan_of(topo)
+    assert [n.name for n in back.nodes] == [n.name for n in plan.nodes]
+    leaf1 = back.node("leaf1").container
+    assert f"{tmp_path / 'out' / 'agents' / 'leaf1'}:{clab.AGENT_HOME}" in leaf1.binds

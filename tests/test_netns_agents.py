@@ -146,3 +146,102 @@ def test_a_container_switch_runs_its_agent_inside_its_container(docker_engine, b
     time.sleep(0.2)
     assert not [n for n, pid in pids.items() if procs.start_time(pid) is not None]
     assert not docker_engine.containers.list(all=True, filters={"label": f"labctl.lab={plan.lab}"})
+
+
+def _wait_ready(out: Path, names: list[str], timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    waiting = list(names)
+    while waiting and time.monotonic() < deadline:
+        waiting = [n for n in waiting if "ready" not in _text(out / "agents" / n / "agent.out")]
+        time.sleep(0.1)
+    assert not waiting, {n: _text(out / "agents" / n / "agent.log")[-400:] for n in waiting}
+
+
+def _text(f: Path) -> str:
+    try:
+        return f.read_text()
+    except OSError:
+        return ""
+
+
+def test_an_exported_lab_keeps_pfc_with_only_the_agents_it_carries(docker_engine, state_dir, lab_name, tmp_path):
+    """`labctl export --format clab --out DIR`, brought up as containerlab would run it (labctl
+    reads the file and runs its exec lines; it starts no agent or controller of its own): each
+    served node's last exec line starts the agent it carries, which builds its classes from its
+    share. Seven hosts blast the lossless class at one: the agents pause hop by hop, every
+    datagram arrives, and no queue anywhere drops one."""
+    require_root()
+    import socket
+    import threading
+    from labctl.exports import clab
+    from labctl.plan import qos
+    from labctl.plan.compile import compile_plan
+    from labctl.telemetry import qdepth
+    from labctl.topology.load import load_topology
+    plan = compile_plan(load_topology(LEAF_SPINE, sets=["scale_up=false"]))
+    out = tmp_path / "exported"
+    clab.export_dir(plan, out)
+    served = [n.name for n in share.served(plan)]
+    lab_plan, lab, _ = labmod.up(str(out / f"{plan.lab}.clab.yml"), (), lab_name, trust=True)
+    try:
+        st = lab.read_state()
+        assert not st.get("controller_pid") and not st.get("agent_pids")      # labctl runs none of its own
+        _wait_ready(out, served)
+        receiver, senders = plan.node("srv1-gpu0"), [n for n in plan.nodes if n.kind == "gpu" and n.name != "srv1-gpu0"]
+        roce = next(c for c in receiver.interfaces[0].shaping.classes if c.lossless)
+        dst = (receiver.iface("leaf1").address.split("/")[0], 4791)
+        with nsutil.entered(lab_plan.node("srv1-gpu0").namespace):
+            rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 20)
+        rx.bind(dst)
+        rx.settimeout(3.0)
+        count, size = 600, 4000
+        got = []
+
+        def receive():
+            try:
+                while True:
+                    rx.recv(65536)
+                    got.append(1)
+            except OSError:
+                pass
+
+        def send(node):
+            with nsutil.entered(lab_plan.node(node.name).namespace):
+                tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            # a small send buffer: a paused class holds the sender in sendto, as a NIC's would
+            tx.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 32768)
+            tx.setsockopt(socket.SOL_SOCKET, socket.SO_PRIORITY, qos.class_handle(roce.tc))
+            tx.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, roce.dscp[0] << 2 | 1)
+            for _ in range(count):
+                tx.sendto(bytes(size), dst)
+            tx.close()
+
+        listener = threading.Thread(target=receive)
+        listener.start()
+        threads = [threading.Thread(target=send, args=(n,)) for n in senders]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        listener.join(timeout=30)
+        rx.close()
+        drops = {}
+        for n in lab_plan.nodes:
+            with nsutil.netlink_socket(n.namespace) as sock:
+                for q in qdepth.dump(sock):
+                    if q.drops:
+                        drops[(n.name, q.ifindex, hex(q.handle))] = q.drops
+        assert len(got) == count * len(senders) and not drops, (len(got), drops)
+        time.sleep(0.3)
+        report = agentreport.load(out)
+        assert report["agents"] == len(served)
+        counters = {(p["node"], p["port"]): p for p in report["ports"]}
+        assert counters[("leaf1", "spine1")]["pfc_tx"] + counters[("leaf1", "spine2")]["pfc_tx"] > 0, report["ports"]
+        for (node, port), c in counters.items():
+            if c["pfc_tx"]:
+                iface = plan.node(node).iface(port)
+                assert counters[(iface.peer_node, iface.peer_iface)]["pfc_rx"] == c["pfc_tx"], (node, port)
+    finally:
+        labmod.down(lab_name)
+    assert not docker_engine.containers.list(all=True, filters={"label": f"labctl.lab={lab_name}"})

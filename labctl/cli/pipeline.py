@@ -110,8 +110,10 @@ def _export_options(f):
               help="dot, mermaid, json, mininet or clab (`labctl export --help` lists them)")
 @click.option("--strict", is_flag=True, help="clab: refuse a lab that uses what containerlab cannot express "
                                              "(the PFC/ECN controller, the WAN line, dilation)")
+@click.option("--out", "out_dir", metavar="DIR", help="clab: write a directory that carries the fabric: the "
+              "topology, each node's share of the plan and labctl's agent code (PFC, ECN, classes)")
 @_export_options
-def export(source, fmt, sets, topo, strict):
+def export(source, fmt, sets, topo, strict, out_dir):
     """Write a lab out for another tool: a topology file, or a running lab's record.
 
     \b
@@ -128,9 +130,26 @@ def export(source, fmt, sets, topo, strict):
       labctl export topologies/leaf-spine.yml --format mermaid
       labctl export ls --format json > ls.plan.json
       labctl export topologies/leaf-spine.yml --format clab > ls.clab.yml
+      labctl export topologies/leaf-spine.yml --format clab --out ls-clab/
+
+    \b
+    With --out DIR (clab), every node that needs PFC or ECN runs labctl's switch agent inside it:
+    DIR/LAB.clab.yml, DIR/agents/NODE/share.json (its share of the plan) and DIR/labctl-agent
+    (the agent's code, bound read-only). `containerlab deploy -t DIR/LAB.clab.yml` then has
+    labctl's classes, pauses and ECN marking, each agent reporting to DIR/agents/NODE/pfc.json.
     """
     from labctl import exports
-    click.echo(exports.export(exports.plan_of(source, sets, topo), fmt, strict), nl=False)
+    plan = exports.plan_of(source, sets, topo)
+    if out_dir is not None:
+        if fmt != "clab":
+            raise click.UsageError("--out is for --format clab (the others print one file)")
+        from pathlib import Path
+        from labctl.exports import clab
+        written = clab.export_dir(plan, Path(out_dir), strict)
+        click.echo(f"wrote {written[0]} with {len(written) - 2} agent shares and the agent's code "
+                   f"({written[-1].parent}); deploy: sudo containerlab deploy -t {written[0]}")
+        return
+    click.echo(exports.export(plan, fmt, strict), nl=False)
 
 
 @cli.command()

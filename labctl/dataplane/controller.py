@@ -418,20 +418,27 @@ def node_agent(lab_dir: Path, name: str) -> Controller:
     return Controller([own], own_dir, own_dir / agentreport.FILE)
 
 
-def agent_here(home: Path) -> Controller:
+def agent_here(home: Path, build: bool = False) -> Controller:
     """The agent of the node this process runs in (its container, which has no /run/netns), from
-    the share in its directory `home`: it enters nothing."""
+    the share in its directory `home`: it enters nothing, and takes its ports' numbers from the
+    node. With `build`, it first builds the node's traffic classes itself (nodebuild.py): where it
+    runs under another tool (an exported lab under containerlab), nothing else does."""
+    from labctl.dataplane import nodebuild
     own = read_share(home / SHARE_FILE)
     nsutil.stay_here(own.node.namespace)
+    nodebuild.adopt_ports(own)
+    if build:
+        nodebuild.build_queues(own)
     return Controller([own], home, home / agentreport.FILE)
 
 
 def main() -> None:
     """`LAB_DIR`: one agent for every node that needs one, on the host. `LAB_DIR NODE`: that node's
-    own agent (dataplane/agents.py), reading only its share. `--here DIR`: the agent of the node
-    this runs in, from the share in DIR (inside a container)."""
+    own agent (dataplane/agents.py), reading only its share. `--here DIR [--build]`: the agent of
+    the node this runs in, from the share in DIR (inside a container), building its queues first."""
     if sys.argv[1:2] == ["--here"]:
-        helpers.serve(lambda _, home: agent_here(home), with_plan=False, lab_dir=Path(sys.argv[2]))
+        build = sys.argv[3:4] == ["--build"]
+        helpers.serve(lambda _, home: agent_here(home, build), with_plan=False, lab_dir=Path(sys.argv[2]))
     elif len(sys.argv) > 2:
         helpers.serve(lambda _, lab_dir: node_agent(lab_dir, sys.argv[2]), with_plan=False)
     else:

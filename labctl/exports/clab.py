@@ -16,21 +16,31 @@ What containerlab cannot express is listed in the file's header; `--strict` refu
 from __future__ import annotations
 
 import shlex
+import shutil
+from pathlib import Path
 
 import yaml
 
+import labctl
+
+from labctl.containers.nodes import AGENT_CODE, AGENT_HOME
 from labctl.errors import LabError
 from labctl.exports import notes
+from labctl.plan import share
 from labctl.plan.model import Interface, LabPlan, Node
 from labctl.plan.routing import converged_routes
 
 IMAGE = "labctl/host"
+AGENTS, CODE = "agents", "labctl-agent"
+# detached: containerlab waits for each exec line; the agent says "ready" in agent.out
+AGENT_LINE = (f"sh -c 'cd / && PYTHONPATH={AGENT_CODE} nohup python3 -P -m labctl.dataplane.controller "
+              f"--here {AGENT_HOME} --build > {AGENT_HOME}/agent.out 2> {AGENT_HOME}/agent.log < /dev/null &'")
 SYSCTL_KEYS = ("forward", "rp_filter", "multipath", "disable_ipv6", "ignore_routes_with_linkdown")
 
 
-def cannot_express(plan: LabPlan) -> list[str]:
+def cannot_express(plan: LabPlan, agents: bool = False) -> list[str]:
     out = []
-    if any(c.lossless or c.ecn for n in plan.nodes for i in n.interfaces for c in i.shaping.classes):
+    if not agents and any(c.lossless or c.ecn for n in plan.nodes for i in n.interfaces for c in i.shaping.classes):
         out.append("labctl's PFC/ECN controller and its traffic classes (no 802.1Qbb pauses, no ECN marking): "
                    "each port gets one HTB class at the link rate")
     if any(lk.wire for lk in plan.links):
@@ -45,26 +55,55 @@ def cannot_express(plan: LabPlan) -> list[str]:
     return out
 
 
-def export(plan: LabPlan, strict: bool = False) -> str:
-    missing = cannot_express(plan)
+def export(plan: LabPlan, strict: bool = False, agents: bool = False) -> str:
+    """The containerlab file. With `agents` (export_dir writes it, with the shares and code it
+    names), every node that needs a switch agent runs one, which carries PFC, ECN and the classes."""
+    missing = cannot_express(plan, agents)
     if strict and missing:
         raise LabError(f"containerlab cannot express all of lab {plan.lab!r}: {missing[0]}"
                        + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""),
                        "export without --strict (the file's header lists what is left out)")
     routes = converged_routes(plan)
-    nodes = {n.name: _node(plan, n, routes[n.name]) for n in plan.nodes}
+    served = {n.name for n in share.served(plan)} if agents else set()
+    nodes = {n.name: _node(plan, n, routes[n.name], n.name in served) for n in plan.nodes}
     links = [{"endpoints": [lk.a, lk.b]} for lk in plan.links]
     doc = {"name": plan.lab, "topology": {"nodes": nodes, "links": links}}
     header = [f"# lab {plan.lab!r}, exported by `labctl export --format clab`.",
               f"#   labctl image build host && sudo containerlab deploy -t {plan.lab}.clab.yml",
               "# Each node's exec: lines set its sysctls, addresses, routes and shaping, as labctl does."]
+    if served:
+        header += [f"# PFC, ECN and the traffic classes: {len(served)} nodes run labctl's switch agent (their last",
+                   f"# exec: line), from ./{AGENTS}/NODE/{share.SHARE_FILE} and the code in ./{CODE}; it builds the",
+                   "# node's classes, pauses and obeys 802.1Qbb frames, marks ECN from the depths it reads, and",
+                   f"# reports to ./{AGENTS}/NODE/pfc.json. Its image needs python3-numpy and libnftables1."]
     if missing:
         header.append("# What containerlab cannot express, and this file leaves out:")
         header += [f"#   - {m}" for m in missing]
     return "\n".join(header) + "\n" + yaml.safe_dump(doc, sort_keys=False, width=1000)
 
 
-def _node(plan: LabPlan, n: Node, routes: list) -> dict:
+def export_dir(plan: LabPlan, out: Path, strict: bool = False) -> list[Path]:
+    """The lab as a directory containerlab deploys, fabric included: LAB.clab.yml, each served
+    node's share (agents/NODE/share.json, reading its depths rather than counting arrivals, which
+    needs BPF that containers get only with SYS_ADMIN), and labctl's own package (labctl-agent/),
+    which those nodes bind read-only and run their agent from. Returns the files written."""
+    out.mkdir(parents=True, exist_ok=True)
+    topology = out / f"{plan.lab}.clab.yml"
+    topology.write_text(export(plan, strict, agents=True))
+    written = [topology]
+    for own in share.shares(plan):
+        own.queue_reads = "poll"
+        written.append(share.write(own, out / AGENTS / own.node.name))
+    code = Path(labctl.__file__).resolve().parent
+    target = out / CODE / "labctl"
+    if target.exists():
+        shutil.rmtree(target)
+    shutil.copytree(code, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    written.append(target)
+    return written
+
+
+def _node(plan: LabPlan, n: Node, routes: list, agent: bool = False) -> dict:
     own_routing = not n.static_routes and n.numbered     # FRR: exported as the static routes it converges to
     box = n.container if not own_routing else None
     node: dict = {"kind": "linux", "image": box.image if box else IMAGE}
@@ -93,9 +132,12 @@ def _node(plan: LabPlan, n: Node, routes: list) -> dict:
         else:
             lines.append(f"ip route add {r.dst} " + " ".join(f"nexthop via {h.via} dev {h.dev} weight {h.weight}"
                                                            for h in r.nexthops))
-    for i in n.interfaces:
+    for i in n.interfaces if not agent else ():     # an agent builds its node's classes itself
         lines += _shaping(i)
     lines += [] if own_routing else [shlex.join(argv) for argv in n.exec]
+    if agent:
+        node["binds"] = node.get("binds", []) + [f"./{AGENTS}/{n.name}:{AGENT_HOME}", f"./{CODE}:{AGENT_CODE}:ro"]
+        lines.append(AGENT_LINE)
     node["exec"] = lines
     return node
 

@@ -192,6 +192,14 @@ def tbf(index: int, handle: int, parent: int, rate_bps: int, burst_bytes: int, l
     return RTM_NEWQDISC, flags, body
 
 
+RTM_DELQDISC = 37
+
+
+def root_qdisc_del(index: int) -> tuple[int, int, bytes]:
+    """Delete a port's root qdisc (and everything under it): the port falls back to its default."""
+    return RTM_DELQDISC, CHANGE, _tcmsg(index, 0, TC_H_ROOT)
+
+
 def qdisc_probe(index: int, kind: str) -> tuple[int, int, bytes]:
     """A root qdisc of `kind` with no options: ENOENT means the kernel lacks it, anything else has it."""
     return RTM_NEWQDISC, CREATE, _tcmsg(index, 0x10000, TC_H_ROOT) + attr(TCA_KIND, cstr(kind))
@@ -332,6 +340,11 @@ def link_dump(sock: socket.socket) -> dict[str, dict]:
 def link_indexes(sock: socket.socket) -> dict[str, int]:
     """ifname → ifindex for every link in the socket's namespace."""
     return {name: index for name, index, _attrs in _link_attrs(sock)}
+
+
+def link_addresses(sock: socket.socket) -> dict[str, tuple[int, str]]:
+    """ifname → (ifindex, MAC as aa:bb:...) for every link in the socket's namespace."""
+    return {name: (index, attrs.get(IFLA_ADDRESS, b"").hex(":")) for name, index, attrs in _link_attrs(sock)}
 
 
 def link_states(sock: socket.socket) -> dict[str, int]:
