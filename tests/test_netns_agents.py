@@ -226,17 +226,24 @@ def test_an_exported_lab_keeps_pfc_with_only_the_agents_it_carries(docker_engine
             t.join(timeout=120)
         listener.join(timeout=30)
         rx.close()
-        drops = {}
+        drops, lossless_leaves = {}, {}
         for n in lab_plan.nodes:
             with nsutil.netlink_socket(n.namespace) as sock:
                 for q in qdepth.dump(sock):
                     if q.drops:
                         drops[(n.name, q.ifindex, hex(q.handle))] = q.drops
+                    if q.kind == "tbf" and q.handle == qos.leaf_handle(roce.tc):
+                        lossless_leaves[n.name] = lossless_leaves.get(n.name, 0) + 1
+        # the classes are the agents': the importer's own have no lossless leaf (its fabric is not
+        # lossless), so every served node's ports have the TBF that a pause holds only if its agent built it
+        assert lossless_leaves == {n.name: len(n.interfaces) for n in share.served(plan)}, lossless_leaves
         assert len(got) == count * len(senders) and not drops, (len(got), drops)
         time.sleep(0.3)
         report = agentreport.load(out)
         assert report["agents"] == len(served)
         counters = {(p["node"], p["port"]): p for p in report["ports"]}
+        print(f"{len(got)} datagrams; pauses sent {sum(c['pfc_tx'] for c in counters.values())}, by node "
+              f"{ {n: sum(c['pfc_tx'] for (m, _), c in counters.items() if m == n) for n in served} }")
         assert counters[("leaf1", "spine1")]["pfc_tx"] + counters[("leaf1", "spine2")]["pfc_tx"] > 0, report["ports"]
         for (node, port), c in counters.items():
             if c["pfc_tx"]:
