@@ -168,3 +168,24 @@ def test_the_agent_behind_a_forking_wrapper_is_found_and_every_thread_is_schedul
             os.kill(child, signal.SIGKILL)
         wrapper.kill()
         wrapper.wait()
+
+
+def test_plan_shows_where_each_agent_runs_and_what_a_container_is_given(monkeypatch):
+    """An agent inside a container widens what the container holds (labctl's code, its directory):
+    `labctl plan` shows it, per node, before anything is built."""
+    import subprocess
+    import sys
+    bgp = Path(__file__).resolve().parents[1] / "topologies" / "leaf-spine-bgp.yml"
+    env = {**os.environ, agents.ENV: "node"}
+    out = subprocess.run([sys.executable, "-m", "labctl", "plan", str(bgp), "--json"], capture_output=True,
+                         text=True, check=True, env=env).stdout
+    places = json.loads(out)["switch_agents"]
+    assert places["leaf1"] == places["spine1"] == "container"          # FRR switches: SYS_ADMIN, BPF inside
+    assert places["srv1-gpu0"] == places["srv1-nvs"] == "namespace"    # namespaces have no container
+    env.pop(agents.ENV)
+    out = subprocess.run([sys.executable, "-m", "labctl", "plan", str(bgp), "--json"], capture_output=True,
+                         text=True, check=True, env=env).stdout
+    assert json.loads(out)["switch_agents"] == {}
+    text = subprocess.run([sys.executable, "-m", "labctl", "plan", str(bgp)], capture_output=True, text=True,
+                          check=True, env={**env, agents.ENV: "node", "COLUMNS": "200"}).stdout
+    assert "inside its container" in text and "read-only at /opt/labctl" in text

@@ -59,9 +59,11 @@ def plan(file, sets, name, template_dirs, topo, as_json, kind_map, image_map):
     loaded = sources.load(file, sets, template_dirs, name, topo, clab_maps(kind_map, image_map))
     p = compile_plan(loaded, arrivals.choose())
     powerful, untrusted = trust.powerful(loaded), trust.untrusted(loaded)
+    agents = _agent_places(p)
     if as_json:
         click.echo(json.dumps({**p.to_dict(), "powerful": trust.as_dicts(powerful),
-                               "trusted": not untrusted, "untrusted_because": untrusted}, indent=1))
+                               "trusted": not untrusted, "untrusted_because": untrusted,
+                               "switch_agents": agents}, indent=1))
         return
     t = Table(title=f"lab {p.lab}: {len(p.nodes)} nodes, {len(p.links)} links, dilation {p.dilation:g}")
     boxed = any(n.container for n in p.nodes)
@@ -91,12 +93,31 @@ def plan(file, sets, name, template_dirs, topo, as_json, kind_map, image_map):
         for line in powerful:
             pt.add_row(line.where, line.what, line.text, line.why)
         out.print(pt)
+    if agents:
+        from labctl.containers.nodes import AGENT_CODE, AGENT_HOME
+        at = Table(title="switch agents (LABCTL_SWITCH_AGENTS=node): where each node's PFC/ECN agent runs")
+        for col in ("node", "runs", "what it is given"):
+            at.add_column(col)
+        for name, where in agents.items():
+            given = (f"labctl's package read-only at {AGENT_CODE}, its own agents/{name}/ at {AGENT_HOME}"
+                     if where == "container" else "its share, from the host, in the node's namespace")
+            at.add_row(name, "inside its container" if where == "container" else "from the host", given)
+        out.print(at)
     lt = Table(title="links")
     for col in ("a", "b", "fabric", "subnet", "rate (real)", "rate (lab)"):
         lt.add_column(col)
     for lk in p.links:
         lt.add_row(lk.a, lk.b, lk.fabric, lk.subnet, format_rate(lk.rate_bps), format_rate(lk.lab_rate_bps))
     out.print(lt)
+
+
+def _agent_places(p) -> dict[str, str]:
+    """node -> "container" or "namespace" for each node's own switch agent; {} with one for the lab."""
+    from labctl.containers.nodes import agent_inside
+    from labctl.plan import share
+    if share.placement() != "node":
+        return {}
+    return {n.name: "container" if agent_inside(n) else "namespace" for n in share.served(p)}
 
 
 def _export_options(f):
