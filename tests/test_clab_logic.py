@@ -81,6 +81,9 @@ def test_a_network_os_kind_is_refused_with_its_node_kind_and_alternative(path):
     ("name: x\ntopology:\n  nodes:\n    a: {}\n", "node 'a' has no kind"),
     ("name: x\ntopology:\n  nodes:\n    a: {kind: linux}\n    b: {kind: linux}\n  links:\n    - endpoints: [a, b]\n",
      "names no interface"),
+    ("name: x\ntopology:\n  nodes:\n    a: {kind: linux, labels: {labctl.kind: gpu, labctl.rank: first}}\n",
+     "labctl.rank must be a rank"),
+    ("name: x\ntopology:\n  nodes:\n    a: {kind: linux, labels: [x]}\n", "labels must be a mapping"),
 ])
 def test_bad_containerlab_input_names_the_line_and_key(tmp_path, text, message):
     f = tmp_path / "bad.clab.yml"
@@ -256,5 +259,8 @@ def test_an_export_directory_carries_the_fabric_in_each_nodes_agent(tmp_path):
     # and it reads back in labctl as the same lab, the agents' binds relative to the file
     back = plan_of(topo)
     assert [n.name for n in back.nodes] == [n.name for n in plan.nodes]
+    # the GPUs come back as GPUs, with their ranks and servers: `labctl run` works on the import
+    assert [(n.name, n.rank, n.server) for n in back.nodes if n.kind == "gpu"] == \
+        [(n.name, n.rank, n.server) for n in plan.nodes if n.kind == "gpu"]
     leaf1 = back.node("leaf1").container
     assert f"{tmp_path / 'out' / 'agents' / 'leaf1'}:{clab.AGENT_HOME}" in leaf1.binds

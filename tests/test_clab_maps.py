@@ -32,7 +32,7 @@ def test_groups_inherit_between_kinds_and_the_node_and_may_set_the_kind():
 def test_what_is_mapped_or_ignored_is_noted_in_the_rendered_file():
     text, _, _ = render_topology(GROUPS)
     for note in ("node 'R1' is 'r1' here", "image quay.io/frrouting/frr:10.5.1 runs as labctl/frr",
-                 "image ghcr.io/hellt/network-multitool runs as labctl/host", "groups.hosts.labels: ignored",
+                 "image ghcr.io/hellt/network-multitool runs as labctl/host", "PC1: labels kept as notes, not read: role",
                  "PC2.env-files: ignored", "FRR started by an exec line"):
         assert f"# note: " in text and note in text, note
 

@@ -249,6 +249,16 @@ def test_an_exported_lab_keeps_pfc_with_only_the_agents_it_carries(docker_engine
             if c["pfc_tx"]:
                 iface = plan.node(node).iface(port)
                 assert counters[(iface.peer_node, iface.peer_iface)]["pfc_rx"] == c["pfc_tx"], (node, port)
+        # the bundled incast, by labctl's own agents on the import: the GPUs came back with their
+        # ranks (the export's labels), and the carried agents' reports are the lab's
+        assert sorted(agentreport.agent_nodes(lab.path)) == sorted(served)
+        doc = run_workload(lab_plan, lab, load_workload(INCAST), tmp_path / "run")
+        rx = [q for c in doc["counters"].values() for q in c["rx"]]
+        assert doc["results"][0]["wrong"] == 0 and sum(q["gaps"] for q in rx) == 0, doc["results"][0]
+        assert doc["loss_ledger"]["total"] == 0, doc["loss_ledger"]
+        before = sum(c["pfc_tx"] for c in counters.values())
+        time.sleep(0.3)
+        assert sum(p["pfc_tx"] for p in agentreport.load(lab.path)["ports"]) > before     # it paused again
     finally:
         labmod.down(lab_name)
     assert not docker_engine.containers.list(all=True, filters={"label": f"labctl.lab={lab_name}"})

@@ -29,6 +29,7 @@ from labctl.capabilities import CAPABILITIES, held, lacking  # noqa: F401 (CAPAB
 from labctl.containers import engine
 from labctl.errors import LabError
 from labctl.plan.model import Node
+from labctl.plan.share import AGENT_CODE, AGENT_HOME  # a switch agent inside the node: its code and directory
 from labctl.state import LabDir
 
 LAB_LABEL = "labctl.lab"
@@ -62,6 +63,7 @@ def start(client, node: Node, lab: LabDir) -> int:
                        "or `docker pull` / `docker load` it first") from None
     can_grant(node)
     binds = c.binds + _written_files(lab, node) + (agent_binds(lab, node) if agent_inside(node) else [])
+    _adopt_carried_agent(lab, node, c.binds)
     lab.journal("container", c.name)
     api = client.api
     host = host_config(api, c, binds)
@@ -111,9 +113,6 @@ def _written_files(lab: LabDir, node: Node) -> list[str]:
     return binds
 
 
-# a switch agent inside the node (dataplane/agents.py): labctl's code, read-only, and its directory
-AGENT_CODE = "/opt/labctl"
-AGENT_HOME = "/run/labctl-agent"
 
 
 def agent_inside(node: Node) -> bool:
@@ -138,6 +137,20 @@ def agent_binds(lab: LabDir, node: Node) -> list[str]:
     home.mkdir(parents=True, exist_ok=True)
     code = os.path.dirname(os.path.abspath(labctl.__file__))
     return [f"{code}:{AGENT_CODE}/labctl:ro", f"{home}:{AGENT_HOME}"]
+
+
+def _adopt_carried_agent(lab: LabDir, node: Node, binds: list[str]) -> None:
+    """A node that binds a directory of its own at AGENT_HOME runs the agent a containerlab export
+    carries (exports/clab.py): the lab's agents/NODE becomes a link to that directory, so that its
+    report is read, and `tc set` written, where labctl reads and writes every agent's."""
+    from labctl.state import agent_directory
+    for bind in binds:
+        host, _, rest = bind.partition(":")
+        if rest.split(":")[0] == AGENT_HOME and os.path.isdir(host):
+            link = agent_directory(lab.path, node.name)
+            link.parent.mkdir(parents=True, exist_ok=True)
+            if not link.exists() and not link.is_symlink():
+                link.symlink_to(host, target_is_directory=True)
 
 
 def capabilities() -> list[str]:

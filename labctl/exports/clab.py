@@ -23,10 +23,10 @@ import yaml
 
 import labctl
 
-from labctl.containers.nodes import AGENT_CODE, AGENT_HOME
 from labctl.errors import LabError
 from labctl.exports import notes
 from labctl.plan import share
+from labctl.plan.share import AGENT_CODE, AGENT_HOME
 from labctl.plan.model import Interface, LabPlan, Node
 from labctl.plan.routing import converged_routes
 
@@ -65,7 +65,7 @@ def export(plan: LabPlan, strict: bool = False, agents: bool = False) -> str:
                        "export without --strict (the file's header lists what is left out)")
     routes = converged_routes(plan)
     served = {n.name for n in share.served(plan)} if agents else set()
-    nodes = {n.name: _node(plan, n, routes[n.name], n.name in served) for n in plan.nodes}
+    nodes = {n.name: _node(plan, n, routes[n.name], (n.name in served) if agents else None) for n in plan.nodes}
     links = [{"endpoints": [lk.a, lk.b]} for lk in plan.links]
     doc = {"name": plan.lab, "topology": {"nodes": nodes, "links": links}}
     header = [f"# lab {plan.lab!r}, exported by `labctl export --format clab`.",
@@ -103,7 +103,9 @@ def export_dir(plan: LabPlan, out: Path, strict: bool = False) -> list[Path]:
     return written
 
 
-def _node(plan: LabPlan, n: Node, routes: list, agent: bool = False) -> dict:
+def _node(plan: LabPlan, n: Node, routes: list, agent: bool | None = None) -> dict:
+    """`agent`: None for a file on its own (labctl export > FILE); in a directory export, whether
+    the node runs its switch agent (every GPU there also carries its rank as labels)."""
     own_routing = not n.static_routes and n.numbered     # FRR: exported as the static routes it converges to
     box = n.container if not own_routing else None
     node: dict = {"kind": "linux", "image": box.image if box else IMAGE}
@@ -138,6 +140,14 @@ def _node(plan: LabPlan, n: Node, routes: list, agent: bool = False) -> dict:
     if agent:
         node["binds"] = node.get("binds", []) + [f"./{AGENTS}/{n.name}:{AGENT_HOME}", f"./{CODE}:{AGENT_CODE}:ro"]
         lines.append(AGENT_LINE)
+    if agent is not None and n.kind == "gpu" and n.rank is not None:
+        # read back by labctl's import (topology/clab.py), so that `labctl run` finds the ranks
+        node["labels"] = {"labctl.kind": "gpu", "labctl.rank": str(n.rank),
+                          **({"labctl.server": n.server} if n.server else {})}
+    elif agent is not None and n.forwarding and not n.bridged:
+        # a router whose exec lines set its routes: read back as a switch, so that labctl's paths
+        # cross it (its agent, carried in the export, does its queueing)
+        node["labels"] = {"labctl.kind": "switch"}
     node["exec"] = lines
     return node
 

@@ -47,6 +47,7 @@ from labctl.kernel.ebpf import (ADD_K, AND_K, ATOMIC_ADD_DW, BPF_FUNC_GET_PRANDO
                                 SKB_IFINDEX, SKB_LEN, STX_B, STX_DW, STX_W, SUB_X, TC_ACT_UNSPEC, Asm)
 from labctl.plan import qos
 from labctl.plan.model import LabPlan, Node
+from labctl.plan.share import carries_agent
 
 ENV = "LABCTL_ECN_MARKING"
 MODES = ("auto", "datapath", "controller")
@@ -267,6 +268,8 @@ def marking_nodes(plan: LabPlan) -> list[tuple[Node, list[tuple[str, int] | None
     out = []
     for node in plan.nodes:
         if not (node.switching and any(c.ecn for i in node.interfaces for c in i.shaping.classes)):
+            continue
+        if carries_agent(node):          # its own agent marks (an exported lab's, plan/share.py)
             continue
         ends = [far_end(plan, node, i) for i in node.interfaces]
         if all(e is not None for e in ends):

@@ -135,7 +135,7 @@ def ranks(b: Build) -> None:
 def loopbacks(b: Build) -> None:
     hosts = {f: iter(net.hosts()) for f, net in b.loopback_pools.items()}
     for node in b.nodes.values():
-        if node.forwarding:
+        if node.forwarding and node.numbered:      # `addresses: none`: its exec lines number it, loopback too
             try:
                 node.loopback = f"{next(hosts[node.fabric])}/32"
             except StopIteration:

@@ -18,6 +18,8 @@ from labctl.plan import feeders as feeding
 from labctl.plan.model import EcnPlan, LabPlan, Node, SharedBuffer, _plain, node_from_dict
 
 SHARE_FILE = "share.json"
+# inside a container: labctl's package, read-only, and the agent's own directory
+AGENT_CODE, AGENT_HOME = "/opt/labctl", "/run/labctl-agent"
 # where agents run: one on the host for the lab, or one inside each node that needs one
 PLACEMENT_ENV = "LABCTL_SWITCH_AGENTS"
 PLACEMENTS = ("lab", "node")
@@ -75,9 +77,17 @@ def needs_agent(node: Node) -> bool:
     return any(c.lossless or (c.ecn and node.switching) for i in node.interfaces for c in i.shaping.classes)
 
 
+def carries_agent(node: Node) -> bool:
+    """A container node that binds a directory of its own at AGENT_HOME: it runs the agent a
+    containerlab export carries (exports/clab.py), which builds its classes and marks ECN itself,
+    so labctl starts no agent for it and attaches no marking program to it."""
+    c = node.container
+    return c is not None and any(b.split(":")[1:2] == [AGENT_HOME] for b in c.binds)
+
+
 def served(plan: LabPlan) -> list[Node]:
-    """The nodes that need an agent."""
-    return [n for n in plan.nodes if needs_agent(n)]
+    """The nodes that need an agent from labctl."""
+    return [n for n in plan.nodes if needs_agent(n) and not carries_agent(n)]
 
 
 def shares(plan: LabPlan, nodes: list[Node] | None = None) -> list[NodeShare]:

@@ -38,15 +38,15 @@ from labctl.names import split_endpoint
 from labctl.topology.clabmaps import ImportMaps
 from labctl.topology.yamlpos import SourceMap
 
-NODE_KEYS = ("kind", "image", "cmd", "env", "binds", "exec", "group", "startup-config", "cap-add")
+NODE_KEYS = ("kind", "image", "cmd", "env", "binds", "exec", "group", "startup-config", "cap-add", "labels")
 # what each key holds, as containerlab's schema has it: checked at every level before it is used
 KEY_TYPES = {"kind": (str,), "image": (str, type(None)), "cmd": (str, list), "env": (dict,), "binds": (list,),
-             "exec": (list,), "group": (str, int), "startup-config": (str,), "cap-add": (list,)}
+             "exec": (list,), "group": (str, int), "startup-config": (str,), "cap-add": (list,), "labels": (dict,)}
 KEY_ITEMS = {"binds": str, "exec": str, "cmd": str, "cap-add": str}
 FRR_IMAGE = "labctl/frr"
 FRR_START = "/usr/lib/frr/frrinit.sh start"
 # containerlab keys that mean nothing without its management network, licences or NOS images
-IGNORED_NODE_KEYS = ("mgmt-ipv4", "mgmt-ipv6", "mgmt_ipv4", "mgmt_ipv6", "ports", "publish", "labels", "type",
+IGNORED_NODE_KEYS = ("mgmt-ipv4", "mgmt-ipv6", "mgmt_ipv4", "mgmt_ipv6", "ports", "publish", "type",
                      "env-files", "startup-delay", "enforce-startup-config", "license", "SANs", "user",
                      "auto-remove", "wait-for", "cpu", "memory", "cpu-set", "runtime", "sandbox", "kernel",
                      "extras", "config", "dns", "certificate", "healthcheck", "stages", "restart-policy")
@@ -217,7 +217,36 @@ def _node(name: str, spec: dict, kinds: dict, defaults: dict, groups: dict, smap
         node["description"] = f"group {group_name}"
     if node["kind"] != "bridge":
         node["addresses"] = "none"
+    _labels(name, level, ats, node, smap, notes)
     return node
+
+
+def _labels(name: str, level: list[dict], ats: tuple, node: dict, smap: SourceMap, notes: list[str]) -> None:
+    """containerlab's labels, merged from defaults to node. labctl's own export writes
+    `labctl.kind: gpu` with `labctl.rank` and `labctl.server` on its GPUs and `labctl.kind:
+    switch` on its routers, read back here so that `labctl run` finds the ranks and the paths;
+    every other label is kept as a note."""
+    labels: dict = {}
+    where: dict = {}
+    for at, layer in zip(ats, level):
+        for k, v in (layer.get("labels") or {}).items():
+            labels[str(k)], where[str(k)] = v, at + ("labels", k)
+    if labels.get("labctl.kind") == "gpu" and node["kind"] == "host":
+        rank, server = labels.get("labctl.rank"), labels.get("labctl.server")
+        if not (isinstance(rank, int) or (isinstance(rank, str) and rank.isdigit())):
+            raise InputError(smap.where(where.get("labctl.rank", where["labctl.kind"])),
+                             f"node {name!r}: labctl.rank must be a rank (0, 1, ...), not {rank!r:.40}",
+                             "give each labctl.kind: gpu node its rank, as `labctl export --format clab` writes it")
+        node.update(kind="gpu", rank=int(rank))
+        if server is not None:
+            node["server"] = str(server)
+        for k in ("labctl.kind", "labctl.rank", "labctl.server"):
+            labels.pop(k, None)
+    elif labels.get("labctl.kind") == "switch" and node["kind"] == "host":
+        node["kind"] = "switch"          # it routes by its exec lines (`addresses: none`), labctl's paths cross it
+        labels.pop("labctl.kind")
+    if labels:
+        notes.append(f"{name}: labels kept as notes, not read: {', '.join(sorted(labels))}")
 
 
 def _mapped_node(name: str, kind: str, target: str, level: list[dict], notes: list[str]) -> dict:
