@@ -129,7 +129,7 @@ def test_a_switch_agent_needs_only_what_a_node_image_has():
     to be in every node image, and scapy alone cost 0.17 s of CPU and 30 MB per agent."""
     import subprocess
     import sys
-    probe = ("import sys, labctl.dataplane.controller; "
+    probe = ("import sys, labctl.dataplane.controller, labctl.dataplane.agents; "
              "print(sorted({m.split('.')[0] for m in sys.modules} - set(sys.stdlib_module_names)))")
     import ast
     out = subprocess.run([sys.executable, "-P", "-c", probe], capture_output=True, text=True, check=True,

@@ -15,12 +15,20 @@ counters (pfc.json) and its log (agent.log).
 """
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+from labctl import helpers
+from labctl.dataplane.controller import Controller
+from labctl.kernel import nsutil
 from labctl.plan.share import PLACEMENT_ENV as ENV  # noqa: F401 (for readers)
 from labctl.plan.share import PLACEMENTS as MODES  # noqa: F401 (for readers)
+from labctl.plan.share import SHARE_FILE
 from labctl.plan.share import placement as mode  # noqa: F401 (for readers)
+from labctl.plan.share import read as read_share
+from labctl.telemetry import agentreport
 
-
-MODULE = "labctl.dataplane.controller"
+MODULE = "labctl.dataplane.agents"      # `python -m` it: main() below
 
 
 def start_in_nodes(plan, lab) -> dict[str, int]:
@@ -28,7 +36,7 @@ def start_in_nodes(plan, lab) -> dict[str, int]:
     there (containers/nodes.py agent_inside), else from the host moved into its namespace. All
     start together, then each is awaited. Returns node -> PID (on the host). A node whose agent
     fails to start fails `up`, which rolls back."""
-    from labctl import helpers, procs
+    from labctl import procs
     from labctl.containers import engine, nodes
     from labctl.plan import share
     from labctl.state import AGENTS, agent_directory
@@ -62,3 +70,46 @@ def start_in_nodes(plan, lab) -> dict[str, int]:
         procs.prioritise_all(pid)
         pids[name] = pid
     return pids
+
+
+def node_agent(lab_dir: Path, name: str) -> Controller:
+    """Node `name`'s own agent, started from the host: moved into the node's namespace first, so
+    every socket, program and rule it opens is the node's, as if it ran on the switch."""
+    own_dir = agentreport.directory(lab_dir, name)
+    own = read_share(own_dir / SHARE_FILE, lab_dir.name)     # a lab's directory is named after it (state.py)
+    if own.node.name != name:
+        raise ValueError(f"{own_dir / SHARE_FILE} is the share of {own.node.name!r}, not {name!r}")
+    nsutil.enter_for_good(own.node.namespace)
+    # its directory is all it reads and writes: its share, its part of control.json, its report
+    return Controller([own], own_dir, own_dir / agentreport.FILE)
+
+
+def agent_here(home: Path, build: bool = False) -> Controller:
+    """The agent of the node this process runs in (its container, which has no /run/netns), from
+    the share in its directory `home`: it enters nothing, and takes its ports' numbers from the
+    node. With `build`, it first builds the node's traffic classes itself (nodebuild.py): where it
+    runs under another tool (an exported lab under containerlab), nothing else does."""
+    from labctl.dataplane import nodebuild
+    own = read_share(home / SHARE_FILE)
+    nsutil.stay_here(own.node.namespace)
+    nodebuild.adopt_ports(own)
+    if build:
+        nodebuild.build_queues(own)
+    return Controller([own], home, home / agentreport.FILE)
+
+
+def main() -> None:
+    """`LAB_DIR NODE`: that node's own agent, started from the host, reading only its share.
+    `--here DIR [--build]`: the agent of the node this runs in, from the share in DIR (inside a
+    container), building its queues first with --build."""
+    if sys.argv[1:2] == ["--here"] and len(sys.argv) > 2:
+        build = sys.argv[3:4] == ["--build"]
+        helpers.serve(lambda _, home: agent_here(home, build), with_plan=False, lab_dir=Path(sys.argv[2]))
+    elif len(sys.argv) == 3:
+        helpers.serve(lambda _, lab_dir: node_agent(lab_dir, sys.argv[2]), with_plan=False)
+    else:
+        sys.exit("usage: python -m labctl.dataplane.agents LAB_DIR NODE | --here DIR [--build]")
+
+
+if __name__ == "__main__":
+    main()

@@ -36,8 +36,7 @@ from labctl import helpers
 from labctl.helpers import Publisher
 from labctl.kernel.nft import Nft
 from labctl.plan.model import LabPlan
-from labctl.plan.share import SHARE_FILE, NodeShare, served, shares
-from labctl.plan.share import read as read_share
+from labctl.plan.share import NodeShare, served, shares
 
 FAST, IDLE = 0.001, qos.CONTROLLER_IDLE_S   # IDLE: unless the lab is large (qos.controller_idle_s)
 COUNTERS_EVERY, COUNTERS_AT_LEAST = 0.01, 1.0
@@ -406,43 +405,10 @@ def needed(plan: LabPlan) -> bool:
     return bool(served(plan))
 
 
-def node_agent(lab_dir: Path, name: str) -> Controller:
-    """Node `name`'s own agent, started from the host: moved into the node's namespace first, so
-    every socket, program and rule it opens is the node's, as if it ran on the switch."""
-    own_dir = agentreport.directory(lab_dir, name)
-    own = read_share(own_dir / SHARE_FILE, lab_dir.name)     # a lab's directory is named after it (state.py)
-    if own.node.name != name:
-        raise ValueError(f"{own_dir / SHARE_FILE} is the share of {own.node.name!r}, not {name!r}")
-    nsutil.enter_for_good(own.node.namespace)
-    # its directory is all it reads and writes: its share, its part of control.json, its report
-    return Controller([own], own_dir, own_dir / agentreport.FILE)
-
-
-def agent_here(home: Path, build: bool = False) -> Controller:
-    """The agent of the node this process runs in (its container, which has no /run/netns), from
-    the share in its directory `home`: it enters nothing, and takes its ports' numbers from the
-    node. With `build`, it first builds the node's traffic classes itself (nodebuild.py): where it
-    runs under another tool (an exported lab under containerlab), nothing else does."""
-    from labctl.dataplane import nodebuild
-    own = read_share(home / SHARE_FILE)
-    nsutil.stay_here(own.node.namespace)
-    nodebuild.adopt_ports(own)
-    if build:
-        nodebuild.build_queues(own)
-    return Controller([own], home, home / agentreport.FILE)
-
-
 def main() -> None:
-    """`LAB_DIR`: one agent for every node that needs one, on the host. `LAB_DIR NODE`: that node's
-    own agent (dataplane/agents.py), reading only its share. `--here DIR [--build]`: the agent of
-    the node this runs in, from the share in DIR (inside a container), building its queues first."""
-    if sys.argv[1:2] == ["--here"]:
-        build = sys.argv[3:4] == ["--build"]
-        helpers.serve(lambda _, home: agent_here(home, build), with_plan=False, lab_dir=Path(sys.argv[2]))
-    elif len(sys.argv) > 2:
-        helpers.serve(lambda _, lab_dir: node_agent(lab_dir, sys.argv[2]), with_plan=False)
-    else:
-        helpers.serve(lambda plan, lab_dir: Controller(shares(plan), lab_dir))
+    """`LAB_DIR`: the lab's agent, serving every node that needs one, on the host. A node's own
+    agent starts from dataplane/agents.py."""
+    helpers.serve(lambda plan, lab_dir: Controller(shares(plan), lab_dir))
 
 
 if __name__ == "__main__":

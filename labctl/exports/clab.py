@@ -33,7 +33,7 @@ from labctl.plan.routing import converged_routes
 IMAGE = "labctl/host"
 AGENTS, CODE = "agents", "labctl-agent"
 # detached: containerlab waits for each exec line; the agent says "ready" in agent.out
-AGENT_LINE = (f"sh -c 'cd / && PYTHONPATH={AGENT_CODE} nohup python3 -P -m labctl.dataplane.controller "
+AGENT_LINE = (f"sh -c 'cd / && PYTHONPATH={AGENT_CODE} nohup python3 -P -m labctl.dataplane.agents "
               f"--here {AGENT_HOME} --build > {AGENT_HOME}/agent.out 2> {AGENT_HOME}/agent.log < /dev/null &'")
 SYSCTL_KEYS = ("forward", "rp_filter", "multipath", "disable_ipv6", "ignore_routes_with_linkdown")
 
