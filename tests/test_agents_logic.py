@@ -189,3 +189,4 @@ def test_plan_shows_where_each_agent_runs_and_what_a_container_is_given(monkeypa
     text = subprocess.run([sys.executable, "-m", "labctl", "plan", str(bgp)], capture_output=True, text=True,
                           check=True, env={**env, agents.ENV: "node", "COLUMNS": "200"}).stdout
     assert "inside its container" in text and "read-only at /opt/labctl" in text
+

@@ -160,6 +160,8 @@ class AgentPool:
                 raise LabError(f"agents did not report {event!r} within {timeout:.0f} s "
                                f"(waiting for ranks {sorted(set(self.ranks) - set(got))})") from None
             if msg.get("event") == "exited":
+                if rank in got:
+                    continue         # it answered, then ended (as `exit` asks): another rank may still answer
                 raise LabError(f"the agent of rank {rank} exited (code {msg['code']}) before {event!r}")
             if msg.get("event") == event:
                 got[rank] = msg
@@ -211,8 +213,16 @@ class AgentPool:
                     pass
             try:
                 self.counters = self._collect("counters", len(self.procs), timeout=15)
-            except LabError:
-                kill = True
+            except LabError as exc:
+                # the run's accounting (bytes, packets, gaps) comes from these: without every rank's,
+                # a run would report nothing sent and nothing lost
+                self._end(kill=True)
+                raise LabError(f"the run's counters are incomplete: {exc}",
+                               "run it again; `labctl status` shows whether the lab is still up") from None
+        self._end(kill)
+        return self.counters
+
+    def _end(self, kill: bool) -> None:
         for p in self.procs.values():
             if kill and p.poll() is None:
                 p.kill()
@@ -223,7 +233,7 @@ class AgentPool:
                 p.wait()
         for ident in self.identities.values():
             self.lab.journal("released-pid", ident)
-        return self.counters
+        self.identities = {}
 
 
 def _priorities(node: Node) -> dict[int, int]:
