@@ -91,8 +91,10 @@ def launch(lab, module: str, log_name: str, args: tuple[str, ...] = ()) -> subpr
 
 
 def launch_argv(lab, argv: list[str], log_name: str) -> subprocess.Popen:
-    """Start a helper from its whole command line (one that runs it inside a container, say)."""
-    log = open(lab.path / f"{log_name}.log", "w")
+    """Start a helper from its whole command line (one that runs it inside a container, say).
+    Its log is never opened through a link: a node agent's directory is bound into its container."""
+    log = os.fdopen(os.open(lab.path / f"{log_name}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW,
+                            0o644), "w")
     p = subprocess.Popen(argv, cwd="/", stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True,
                          start_new_session=True)
     log.close()

@@ -190,3 +190,24 @@ def test_plan_shows_where_each_agent_runs_and_what_a_container_is_given(monkeypa
                           check=True, env={**env, agents.ENV: "node", "COLUMNS": "200"}).stdout
     assert "inside its container" in text and "read-only at /opt/labctl" in text
 
+
+
+def test_links_a_container_plants_in_its_agent_directory_are_never_followed(tmp_path, plan):
+    """A node agent's directory is bound read-write into its container, which starts first: a
+    hostile image can put links there before labctl writes or reads. None is followed."""
+    from labctl import helpers
+    target = tmp_path / "victim"
+    target.write_text("root's file")
+    own = agentreport.directory(tmp_path, "leaf1")
+    own.mkdir(parents=True)
+    (own / share.SHARE_FILE).symlink_to(target)
+    (own / agentreport.FILE).symlink_to("/dev/zero")
+    (own / "agent.log").symlink_to(target)
+    share.write(share.shares(plan, [plan.node("leaf1")])[0], own)      # replaces the link
+    assert target.read_text() == "root's file" and not (own / share.SHARE_FILE).is_symlink()
+    assert share.read(own / share.SHARE_FILE, plan.lab).node.name == "leaf1"
+    assert agentreport.load(tmp_path) is None                           # /dev/zero is not read
+    lab = type("Lab", (), {"path": tmp_path, "journal": lambda self, *a: None})()
+    with pytest.raises(OSError):
+        helpers.launch_argv(lab, ["true"], "agents/leaf1/agent")
+    assert target.read_text() == "root's file"

@@ -165,9 +165,9 @@ def keep_lab_records(lab_path: Path, dest: Path) -> None:
             dest.joinpath(agentreport.FILE).write_text(json.dumps(merged))
         dest.joinpath(agentreport.DIRECTORY).mkdir(exist_ok=True)
         for node in nodes:
-            log = agentreport.directory(lab_path, node) / "agent.log"
-            if log.is_file() and not log.is_symlink():
-                dest.joinpath(agentreport.DIRECTORY, f"{node}.log").write_bytes(log.read_bytes())
+            text = agentreport.read_agent_file(agentreport.directory(lab_path, node) / "agent.log")
+            if text is not None:
+                dest.joinpath(agentreport.DIRECTORY, f"{node}.log").write_bytes(text)
 
 
 def _step(exp, k, step, plan, lab, workloads, out, suffix, metrics, runs, say) -> None:

@@ -48,7 +48,7 @@ def helpers(lab: state.LabDir) -> list[dict]:
               ("WAN line", st.get("line_pid"), lambda: _read_json(lab.path / "wan.json"), "line.log")]
     for node, pid in sorted((st.get("agent_pids") or {}).items()):
         where = agentreport.directory(lab.path, node)
-        wanted.append((f"switch agent {node}", pid, lambda f=where / agentreport.FILE: _read_json(f),
+        wanted.append((f"switch agent {node}", pid, lambda f=where / agentreport.FILE: agentreport.read_report(f) or {},
                        f"{agentreport.DIRECTORY}/{node}/agent.log"))
     out = []
     for name, pid, read, log in wanted:

@@ -103,10 +103,16 @@ def shares(plan: LabPlan, nodes: list[Node] | None = None) -> list[NodeShare]:
 
 
 def write(share: NodeShare, directory: Path) -> Path:
-    """The share as `directory`/share.json (the agent's own directory in the lab's)."""
+    """The share as `directory`/share.json (the agent's own directory in the lab's). Written
+    beside and renamed into place: the directory may be bound into a container that started
+    first, and a share.json it made a link to elsewhere is replaced, never followed."""
+    import tempfile
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / SHARE_FILE
-    path.write_text(json.dumps(share.to_dict()))
+    fd, tmp = tempfile.mkstemp(prefix=".share-", dir=directory)
+    with os.fdopen(fd, "w") as f:
+        json.dump(share.to_dict(), f)
+    os.replace(tmp, path)
     return path
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 
 from labctl.state import AGENTS as DIRECTORY
@@ -37,10 +38,35 @@ def files(lab_path: Path) -> list[Path]:
     return out
 
 
-def _read(f: Path) -> dict | None:
+MAX_REPORT = 64 << 20     # a 1,024-GPU lab's report is a few MB
+
+
+def read_agent_file(f: Path, limit: int = MAX_REPORT) -> bytes | None:
+    """A file of an agent's directory. That directory is bound into the node's container, so what
+    is there is the container's to make: a link is not followed (to /dev/zero, say), and only a
+    regular file of at most `limit` bytes is read."""
     try:
-        doc = json.loads(f.read_text())
-    except (OSError, ValueError):
+        fd = os.open(f, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            return fh.read(limit + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def read_report(f: Path) -> dict | None:
+    """One agent's report (read_agent_file), or None."""
+    data = read_agent_file(f)
+    try:
+        doc = json.loads(data) if data is not None else None
+    except ValueError:
         return None
     return doc if isinstance(doc, dict) else None
 
@@ -65,7 +91,7 @@ def merge(docs: list[dict]) -> dict:
 
 def load(lab_path: Path) -> dict | None:
     """The lab's merged report, or None if no agent has written one."""
-    docs = [d for d in (_read(f) for f in files(lab_path)) if d is not None]
+    docs = [d for d in (read_report(f) for f in files(lab_path)) if d is not None]
     return merge(docs) if docs else None
 
 
@@ -91,7 +117,7 @@ class Watch:
             except OSError:
                 continue
             if mtime != self.mtimes.get(f):
-                doc = _read(f)
+                doc = read_report(f)
                 if doc is not None:
                     self.docs[f], self.mtimes[f] = doc, mtime
                     changed = True
