@@ -38,7 +38,8 @@ SOLO = ("test_netns_lossless", "test_netns_pfc", "test_netns_dcqcn", "test_netns
         "test_netns_runtime", "test_netns_experiments", "test_netns_traffic", "test_netns_classes",
         "test_netns_shaping", "test_netns_wan", "test_netns_estimate", "test_netns_esp_wire",
         "test_netns_lb", "test_netns_te", "test_netns_train", "test_netns_mininet", "test_netns_bundled",
-        "test_netns_flow_order", "test_netns_fabric", "test_netns_bgp", "test_netns_fastpath", "test_netns_agents")
+        "test_netns_flow_order", "test_netns_fabric", "test_netns_bgp", "test_netns_fastpath", "test_netns_agents",
+        "test_netns_cluster")   # three engines of its own, and the default one the "docker" group stops
 # the longest groups start first, so neither worker is left with a long one at the end
 LONGEST_FIRST = ("test_netns_experiments", "mininet", "docker", "test_netns_lossless")
 

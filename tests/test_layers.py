@@ -21,6 +21,7 @@ LAYERS = [
     {"state", "helpers"},
     {"containers"},
     {"kernel"},
+    {"cluster"},
     {"backends"},
     {"telemetry"},
     {"dataplane", "wan"},

@@ -109,12 +109,12 @@ class Backend:
         """A command line that runs `argv` inside the node (an argv list: nothing goes through a shell):
         in a container node, in the container (its own tools, e.g. vtysh); elsewhere in its netns."""
         if node.container:
-            from labctl.containers import engine, nodes
-            client = engine.client()
+            from labctl.cluster.engines import Engines
+            engines = Engines()
             try:
-                return nodes.enter_argv(client, node.container.name, argv)
+                return engines.argv(node, argv)
             finally:
-                client.close()
+                engines.close()
         return self.netns_argv(node, argv)
 
     def netns_argv(self, node: Node, argv: list[str]) -> list[str]:

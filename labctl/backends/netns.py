@@ -35,6 +35,18 @@ class NetnsBackend(Backend):
         with engine.lease():      # no other labctl stops the engine before our containers are journaled
             return self._apply(plan, lab, progress)
 
+    def check(self, plan: LabPlan) -> list[tuple[str, str, str]]:
+        """A placed lab's machines must be in labctl's cluster record."""
+        wanted = sorted({n.machine for n in plan.nodes if n.machine})
+        if not wanted:
+            return []
+        from labctl.cluster import machines
+        known = machines.load()
+        return [("placement", f"machine {m!r} is not in labctl's cluster"
+                 + (f" (it knows {', '.join(known)})" if known else " (it knows none)"),
+                 "`labctl cluster status` lists the machines; `labctl cluster join` adds one, or "
+                 "`labctl cluster emulate 3` emulates three on this host") for m in wanted if m not in known]
+
     def _apply(self, plan: LabPlan, lab: LabDir, progress: Progress) -> None:
         procs.raise_fd_limit(3 * len(plan.nodes) + 6 * len(wires.wired(plan)) + 64)
         refuse_taken_namespaces(plan)
@@ -45,10 +57,13 @@ class NetnsBackend(Backend):
         docker_client = None
         try:
             docker_client = _container_engine(plan, progress, self.build_images)
+            placed = _placed_nodes(plan, lab, progress, self.build_images)
             for i, node in enumerate(plan.nodes):
                 lab.journal("netns", node.namespace)
                 try:
-                    if node.container:
+                    if node.machine:
+                        nsutil.attach(node.namespace, placed[node.name], note=lab.noter(node.namespace))
+                    elif node.container:
                         nsutil.attach(node.namespace, container_nodes.start(docker_client, node, lab),
                                       note=lab.noter(node.namespace))
                     else:
@@ -63,6 +78,11 @@ class NetnsBackend(Backend):
                 nsutil.create(ns, note=lab.noter(ns))
                 handles[ns] = _NsHandles.open(ns, wires.SYSCTLS)
             self._create_links(plan, handles, progress)
+            if any(link.machines for link in plan.links):
+                from labctl.cluster import machines, vxlan
+                from labctl.state import all_labs
+                base = vxlan.allocate(lab, all_labs(), len(plan.links))
+                vxlan.create(plan, machines.load(), {k: h.ns_fd for k, h in handles.items()}, base)
             _steer_without_default_mask(plan, handles)
             for i, node in enumerate(plan.nodes):
                 h = handles[node.name]
@@ -83,7 +103,7 @@ class NetnsBackend(Backend):
                 h.close()
             handles.clear()
             self.destroy(lab)
-            if docker_client is None and any(n.container for n in plan.nodes):
+            if docker_client is None and any(n.container and not n.machine for n in plan.nodes):
                 # refused before any container existed: an engine started for this lab goes again
                 from labctl.containers import engine
                 from labctl.state import all_labs
@@ -104,6 +124,8 @@ class NetnsBackend(Backend):
         batch = rtnl.Batch(sock)
         ns_fds = {name: h.ns_fd for name, h in handles.items()}
         for link in plan.links:
+            if link.machines:
+                continue          # a VXLAN between two machines: cluster/vxlan.py, once every node exists
             if link.wire is not None:
                 for request, what in wires.veths(plan, link, ns_fds, ns_fds):
                     batch.add(request, f"creating {what}")
@@ -130,6 +152,9 @@ class NetnsBackend(Backend):
                   f"`ip netns del {name}` removes it", file=sys.stderr)
         had_containers = bool(lab.journaled("container"))
         container_nodes.remove(lab)     # first: Docker stops what runs in them, and forgets them
+        if lab.journaled("service"):
+            from labctl.cluster import services
+            services.remove(lab)        # and Swarm, on every machine
         inodes = {i for i in (nsutil.inode(n) for n in names) if i is not None}
         # only processes provably started by labctl (PID and start time, in this boot), and those
         # inside the lab's own namespaces: never a PID that was reused since
@@ -155,10 +180,29 @@ class NetnsBackend(Backend):
         return removed
 
 
+def _placed_nodes(plan: LabPlan, lab: LabDir, progress: Progress, build_images: bool) -> dict[str, int]:
+    """Nodes placed on machines (plan/placement.py): each machine gets the images its nodes need,
+    then every node's Swarm service; returns node -> its container's PID."""
+    placed = [n for n in plan.nodes if n.machine]
+    if not placed:
+        return {}
+    from labctl.cluster import images, machines, services
+    known = machines.load()
+    source, started = images.default_images_client(sorted({n.container.image for n in placed}), progress)
+    try:
+        for name in sorted({n.machine for n in placed}):
+            images.ensure_images(known[name], sorted({n.container.image for n in placed if n.machine == name}),
+                                 source, progress)
+    finally:
+        source.close()
+        images.release_default(started)
+    return services.start(plan, lab, known, lambda node: container_nodes.binds_for(lab, node), progress)
+
+
 def _container_engine(plan: LabPlan, progress: Progress, build_images: bool = True):
-    """A Docker client if the lab has container nodes (starting the engine if none runs), after
-    checking that none of their names is taken and building any labctl/* image they lack."""
-    wanted = [n for n in plan.nodes if n.container]
+    """A Docker client if the lab has container nodes on this host (starting the engine if none
+    runs), after checking that none of their names is taken and building any labctl/* image they lack."""
+    wanted = [n for n in plan.nodes if n.container and not n.machine]
     if not wanted:
         return None
     from labctl.containers import engine, images
@@ -244,5 +288,10 @@ def _wait_links_up(plan: LabPlan, handles: dict[str, _NsHandles], timeout: float
     wanted = [(node.name, {i.name for i in node.interfaces}) for node in plan.nodes]
     for link in wires.wired(plan):
         wanted += [(ns, {name}) for ns, name, _ in wires.ports(link)]
+    tunnels: dict[str, set[str]] = {}
+    for link in plan.links:
+        if link.machines:
+            for node, ifname in link.ends:
+                tunnels.setdefault(node, set()).add(ifname)
     for name, want in wanted:
-        netconf.wait_up(handles[name].nl, name, want, deadline)
+        netconf.wait_up(handles[name].nl, name, want, deadline, tunnels.get(name, set()))

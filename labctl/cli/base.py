@@ -27,6 +27,19 @@ def clab_maps(kind_map, image_map):
     return clabmaps.parse(kind_map, image_map)
 
 
+def placement_options(f):
+    """--hosts and --spread: place a lab's nodes over the machines of labctl's cluster."""
+    f = click.option("--spread", default="server", show_default=True, type=click.Choice(["server", "zone", "node"]),
+                     help="with --hosts: server keeps each server (its GPUs and NVLink switch) on one machine, "
+                          "the fabric on the first; zone deals zones; node deals every node")(f)
+    return click.option("--hosts", metavar="M1,M2,...", help="run the nodes on these machines of `labctl cluster "
+                        "status` (over the lab file's placement:); links between machines become VXLAN")(f)
+
+
+def hosts_list(hosts: str | None) -> list[str] | None:
+    return [h.strip() for h in hosts.split(",") if h.strip()] if hosts else None
+
+
 def clab_map_options(f):
     """--kind-map and --image-map, for every command that reads a lab file."""
     f = click.option("--image-map", "image_map", multiple=True, metavar="IMAGE=IMAGE", help=IMAGE_MAP_HELP)(f)

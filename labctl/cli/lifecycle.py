@@ -8,7 +8,8 @@ import click
 from rich.table import Table
 
 from labctl import backends
-from labctl.cli.base import SET_HELP, TEMPLATES_HELP, TOPO_HELP, clab_map_options, clab_maps, cli, err, out
+from labctl.cli.base import (SET_HELP, TEMPLATES_HELP, TOPO_HELP, clab_map_options, clab_maps, cli, err, hosts_list,
+                             out, placement_options)
 
 @cli.command()
 @click.argument("file", type=click.Path(dir_okay=False), required=False)
@@ -24,7 +25,8 @@ from labctl.cli.base import SET_HELP, TEMPLATES_HELP, TOPO_HELP, clab_map_option
               "privileged containers, added capabilities) "
               "although its files are not root's alone; read them first in `labctl plan`")
 @clab_map_options
-def up(file, sets, name, template_dirs, topo, backend, no_build, trust, kind_map, image_map):
+@placement_options
+def up(file, sets, name, template_dirs, topo, backend, no_build, trust, kind_map, image_map, hosts, spread):
     """Build a lab: namespaces, veth links, addresses, ECMP routes and shaping.
 
     Every node's network namespace is <lab>-<node>, whatever backend built it, so plain
@@ -43,6 +45,7 @@ def up(file, sets, name, template_dirs, topo, backend, no_build, trust, kind_map
       sudo labctl up --topo tree,2,3                               # Mininet's own tree topology
       sudo labctl up mytopo.py --topo mytopo                       # a `mn --custom` file (runs it)
       sudo labctl up clos01.clab.yml --kind-map nokia_srlinux=frr  # containerlab's Clos, SR Linux on FRR
+      sudo labctl up topologies/leaf-spine-bgp.yml --hosts m1,m2,m3 # over three machines (labctl cluster)
     """
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from labctl import lifecycle as labmod
@@ -59,7 +62,8 @@ def up(file, sets, name, template_dirs, topo, backend, no_build, trust, kind_map
 
         maps = clab_maps(kind_map, image_map)
         p, lab, elapsed = labmod.up(file, sets, name, template_dirs, backend=backend, progress=progress, topo=topo,
-                                    maps=maps, build_images=not no_build, trust=trust)
+                                    maps=maps, build_images=not no_build, trust=trust, hosts=hosts_list(hosts),
+                                    spread=spread)
     kinds: dict[str, int] = {}
     for n in p.nodes:
         kinds[n.kind] = kinds.get(n.kind, 0) + 1

@@ -7,7 +7,8 @@ import shlex
 import click
 from rich.table import Table
 
-from labctl.cli.base import SET_HELP, TEMPLATES_HELP, TOPO_HELP, clab_map_options, clab_maps, cli, out
+from labctl.cli.base import (SET_HELP, TEMPLATES_HELP, TOPO_HELP, clab_map_options, clab_maps, cli, hosts_list, out,
+                             placement_options)
 from labctl.errors import LabError
 
 
@@ -38,7 +39,8 @@ def render(file, sets, template_dirs, topo, kind_map, image_map):
 @click.option("--topo", help=TOPO_HELP)
 @click.option("--json", "as_json", is_flag=True, help="print the whole plan as JSON (what `up` would build)")
 @clab_map_options
-def plan(file, sets, name, template_dirs, topo, as_json, kind_map, image_map):
+@placement_options
+def plan(file, sets, name, template_dirs, topo, as_json, kind_map, image_map, hosts, spread):
     """Compile a lab into its concrete plan without building it (no root needed).
 
     Shows every namespace, port, address and route, and the lab's powerful lines (exec on the
@@ -57,6 +59,9 @@ def plan(file, sets, name, template_dirs, topo, as_json, kind_map, image_map):
     from labctl.dataplane import arrivals
     from labctl.plan import trust
     loaded = sources.load(file, sets, template_dirs, name, topo, clab_maps(kind_map, image_map))
+    if hosts:
+        from labctl.topology.placement import apply_hosts
+        apply_hosts(loaded, hosts_list(hosts), spread)
     p = compile_plan(loaded, arrivals.choose())
     powerful, untrusted = trust.powerful(loaded), trust.untrusted(loaded)
     agents = _agent_places(p)
@@ -67,12 +72,15 @@ def plan(file, sets, name, template_dirs, topo, as_json, kind_map, image_map):
         return
     t = Table(title=f"lab {p.lab}: {len(p.nodes)} nodes, {len(p.links)} links, dilation {p.dilation:g}")
     boxed = any(n.container for n in p.nodes)
-    for col in ("node", "kind", "namespace", *(("image",) if boxed else ()), "ports", "addresses", "routes"):
+    placed = any(n.machine for n in p.nodes)
+    for col in ("node", "kind", *(("machine",) if placed else ()), "namespace", *(("image",) if boxed else ()),
+                "ports", "addresses", "routes"):
         t.add_column(col)
     for n in p.nodes:
         addresses = [i.address for i in n.interfaces if i.address] + ([n.loopback] if n.loopback else [])
         routes = str(len(n.routes)) if n.static_routes else ("its own" if n.numbered else "its exec lines")
-        t.add_row(n.name, n.kind, n.namespace, *((n.container.image if n.container else "-",) if boxed else ()),
+        t.add_row(n.name, n.kind, *((n.machine,) if placed else ()), n.namespace,
+                  *((n.container.image if n.container else "-",) if boxed else ()),
                   ", ".join(i.name for i in n.interfaces),
                   ", ".join(addresses) or ("(its exec lines)" if not n.numbered else ""), routes)
     out.print(t)
@@ -93,9 +101,21 @@ def plan(file, sets, name, template_dirs, topo, as_json, kind_map, image_map):
         for line in powerful:
             pt.add_row(line.where, line.what, line.text, line.why)
         out.print(pt)
+    chosen = [n for n in p.nodes if n.container and n.container.chosen]
+    if chosen:
+        ct = Table(title="placed nodes the lab file runs in no container: labctl runs each as a Swarm service of "
+                         "its own image on its machine (Docker's default /proc, no no_new_privs: services know neither)")
+        for col in ("node", "machine", "image", "capabilities added", "why"):
+            ct.add_column(col)
+        for n in chosen:
+            ct.add_row(n.name, n.machine, n.container.image, ", ".join(n.container.cap_add) or "-",
+                       "its switch agent loads BPF programs (Docker 20.10 knows no CAP_BPF)" if n.container.cap_add
+                       else "")
+        out.print(ct)
     if agents:
         from labctl.containers.nodes import AGENT_CODE, AGENT_HOME
-        at = Table(title="switch agents (LABCTL_SWITCH_AGENTS=node): where each node's PFC/ECN agent runs")
+        at = Table(title="switch agents (inside each node: LABCTL_SWITCH_AGENTS=node, or a placed lab): where each "
+                         "node's PFC/ECN agent runs")
         for col in ("node", "runs", "what it is given"):
             at.add_column(col)
         for name, where in agents.items():
@@ -104,10 +124,11 @@ def plan(file, sets, name, template_dirs, topo, as_json, kind_map, image_map):
             at.add_row(name, "inside its container" if where == "container" else "from the host", given)
         out.print(at)
     lt = Table(title="links")
-    for col in ("a", "b", "fabric", "subnet", "rate (real)", "rate (lab)"):
+    for col in ("a", "b", "fabric", "subnet", "rate (real)", "rate (lab)", *(("between machines",) if placed else ())):
         lt.add_column(col)
     for lk in p.links:
-        lt.add_row(lk.a, lk.b, lk.fabric, lk.subnet, format_rate(lk.rate_bps), format_rate(lk.lab_rate_bps))
+        lt.add_row(lk.a, lk.b, lk.fabric, lk.subnet, format_rate(lk.rate_bps), format_rate(lk.lab_rate_bps),
+                   *((" -- ".join(lk.machines) + " (VXLAN)" if lk.machines else "",) if placed else ()))
     out.print(lt)
 
 
@@ -115,7 +136,7 @@ def _agent_places(p) -> dict[str, str]:
     """node -> "container" or "namespace" for each node's own switch agent; {} with one for the lab."""
     from labctl.containers.nodes import agent_inside
     from labctl.plan import share
-    if share.placement() != "node":
+    if share.placement() != "node" and not any(n.machine for n in p.nodes):
         return {}
     return {n.name: "container" if agent_inside(n) else "namespace" for n in share.served(p)}
 

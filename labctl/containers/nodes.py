@@ -62,8 +62,7 @@ def start(client, node: Node, lab: LabDir) -> int:
                        "build one (`labctl image build host`, `labctl image build frr`), "
                        "or `docker pull` / `docker load` it first") from None
     can_grant(node)
-    binds = c.binds + _written_files(lab, node) + (agent_binds(lab, node) if agent_inside(node) else [])
-    _adopt_carried_agent(lab, node, c.binds)
+    binds = binds_for(lab, node)
     lab.journal("container", c.name)
     api = client.api
     host = host_config(api, c, binds)
@@ -97,6 +96,14 @@ def host_config(api, c, binds: list[str]) -> dict:
     return host
 
 
+def binds_for(lab: LabDir, node: Node) -> list[str]:
+    """Everything bound into the node's container: the lab file's binds, its planned files, and
+    its switch agent's code and directory if the agent runs inside."""
+    binds = node.container.binds + _written_files(lab, node) + (agent_binds(lab, node) if agent_inside(node) else [])
+    _adopt_carried_agent(lab, node, node.container.binds)
+    return binds
+
+
 def _written_files(lab: LabDir, node: Node) -> list[str]:
     """The node's planned files, written into the lab directory (so `down` takes them along), as
     read-only binds. Named by their order, never by their path: a path cannot aim the write elsewhere."""
@@ -123,7 +130,8 @@ def agent_inside(node: Node) -> bool:
     CAP_BPF): an FRR node has it, another switch's agent runs from the host in its namespace."""
     from labctl.plan import share
     c = node.container
-    if c is None or share.placement() != "node" or not share.needs_agent(node):
+    # a node placed on a machine (plan/placement.py) always runs its own: no agent on this host reaches it
+    if c is None or (share.placement() != "node" and node.machine is None) or not share.needs_agent(node):
         return False
     return not node.switching or c.privileged or "SYS_ADMIN" in node_capabilities(c.image, c.cap_add)
 
@@ -175,7 +183,7 @@ def can_grant(node: Node) -> None:
                        "remove it from cap_add:, or run the lab where root holds it")
 
 
-def enter_argv(client, name: str, argv: list[str]) -> list[str]:
+def enter_argv(ctr, engine_url: str, argv: list[str]) -> list[str]:
     """A command line that runs `argv` in the container as `docker exec` would (its mount, UTS, IPC,
     net and PID namespaces, its root and working directory, its environment: the image's ENV and
     the node's env:, so PATH is the container's, and no capability the container lacks), with
@@ -183,12 +191,12 @@ def enter_argv(client, name: str, argv: list[str]) -> list[str]:
     runs hundreds of exec lines. nsenter needs the host's capabilities to enter, so setpriv drops
     them to the container's set before the command runs; an image without setpriv goes through
     `docker exec` instead."""
-    ctr = _container(client, name)
     pid = ctr.attrs["State"]["Pid"] if ctr else None
     if not pid:
-        raise LabError(f"container {name} is not running", "`labctl status` shows the lab; `labctl down` and up again")
+        raise LabError(f"container {ctr.name if ctr else ''} is not running".replace("  ", " "),
+                       "`labctl status` shows the lab; `labctl down` and up again")
     if not any(os.path.exists(f"/proc/{pid}/root{p}") for p in SETPRIV):
-        return [shutil.which("docker") or "/usr/bin/docker", "-H", f"unix://{engine.SOCKET}", "exec", name, *argv]
+        return [shutil.which("docker") or "/usr/bin/docker", "-H", engine_url, "exec", ctr.name, *argv]
     hc = ctr.attrs.get("HostConfig") or {}
     granted = held() if hc.get("Privileged") else node_capabilities(
         ctr.attrs["Config"]["Image"], [c.upper().removeprefix("CAP_") for c in hc.get("CapAdd") or []])

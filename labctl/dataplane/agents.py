@@ -37,27 +37,25 @@ def start_in_nodes(plan, lab) -> dict[str, int]:
     start together, then each is awaited. Returns node -> PID (on the host). A node whose agent
     fails to start fails `up`, which rolls back."""
     from labctl import procs
-    from labctl.containers import engine, nodes
+    from labctl.cluster.engines import Engines
+    from labctl.containers import nodes
     from labctl.plan import share
     from labctl.state import AGENTS, agent_directory
-    started, client = [], None
+    started, engines = [], Engines()
     try:
         for own in share.shares(plan):
             name = own.node.name
             share.write(own, agent_directory(lab.path, name))
             log = f"{AGENTS}/{name}/agent"
             if nodes.agent_inside(own.node):
-                client = client or engine.client()
                 # as `docker exec` runs it: the container's namespaces, root and capabilities
-                argv = nodes.enter_argv(client, own.node.container.name,
-                                        ["/usr/bin/env", f"PYTHONPATH={nodes.AGENT_CODE}", "python3", "-P", "-m",
-                                         MODULE, "--here", nodes.AGENT_HOME])
+                argv = engines.argv(own.node, ["/usr/bin/env", f"PYTHONPATH={nodes.AGENT_CODE}", "python3", "-P",
+                                               "-m", MODULE, "--here", nodes.AGENT_HOME])
                 started.append((name, log, helpers.launch_argv(lab, argv, log), True))
             else:
                 started.append((name, log, helpers.launch(lab, MODULE, log, (name,)), False))
     finally:
-        if client is not None:
-            client.close()
+        engines.close()
     pids = {}
     for name, log, p, inside in started:
         helpers.await_ready(p, f"the switch agent of {name}", lab.path / f"{log}.log")

@@ -66,7 +66,8 @@ class Controller:
         self.pfc_fds = list(self.pfc_by_fd)
         self._schedule_reads()
         reads = {s.queue_reads for s in shares}
-        self.bounds = arrivals.setup(self.switches) if reads == {"arrivals"} else None
+        # a host only obeys pauses: it counts no arrivals (and its container may hold no BPF privilege)
+        self.bounds = arrivals.setup(self.switches) if reads == {"arrivals"} and self.switches else None
         self._set_thresholds()
 
     def _init_counters(self) -> None:

@@ -119,12 +119,15 @@ def classify(node: Node) -> None:
         ctx.close()
 
 
-def wait_up(nl: socket.socket, namespace: str, ports: set[str], deadline: float) -> None:
+def wait_up(nl: socket.socket, namespace: str, ports: set[str], deadline: float,
+            no_carrier: set[str] = frozenset()) -> None:
     """Until every port is operationally up: until linkwatch runs, a veth's qdisc is still noop and
-    drops everything, so a lab reported up must really forward."""
+    drops everything, so a lab reported up must really forward. A VXLAN port (`no_carrier`) reports
+    no carrier at all: the kernel calls its state unknown once it is up."""
     while True:
         states = rtnl.link_states(nl)
-        down = sorted(n for n in ports if states.get(n) != rtnl.IF_OPER_UP)
+        down = sorted(n for n in ports if states.get(n) != rtnl.IF_OPER_UP
+                      and not (n in no_carrier and states.get(n) == rtnl.IF_OPER_UNKNOWN))
         if not down:
             return
         if time.monotonic() > deadline:

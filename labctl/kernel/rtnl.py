@@ -63,6 +63,22 @@ def veth(name: str, index: int, mac: str, mtu: int, ns_fd: int,
 
 
 IFLA_MASTER = 10
+# linux/if_link.h: IFLA_VXLAN_*
+VXLAN_ID, VXLAN_GROUP, VXLAN_LINK, VXLAN_LOCAL, VXLAN_LEARNING, VXLAN_PORT = 1, 2, 3, 4, 7, 15
+
+
+def vxlan(name: str, index: int, mac: str, mtu: int, ns_fd: int, vni: int, local: str, remote: str,
+          underlay_index: int, port: int) -> tuple[int, int, bytes]:
+    """A point-to-point VXLAN port, sent through a socket of the namespace that holds the underlay
+    (its UDP socket lives there) and created directly in namespace `ns_fd` with its final name, MAC,
+    MTU and ifindex: every frame goes to `remote` (the default forwarding entry), none is learnt."""
+    data = (attr(VXLAN_ID, u32(vni)) + attr(VXLAN_GROUP, ip4(remote)) + attr(VXLAN_LOCAL, ip4(local))
+            + attr(VXLAN_LINK, u32(underlay_index)) + attr(VXLAN_LEARNING, b"\0")
+            + attr(VXLAN_PORT, struct.pack("!H", port)))
+    body = (ifinfo(index) + attr(IFLA_IFNAME, cstr(name)) + attr(IFLA_MTU, u32(mtu))
+            + attr(IFLA_ADDRESS, mac_bytes(mac)) + attr(IFLA_NET_NS_FD, u32(ns_fd))
+            + nest(IFLA_LINKINFO, attr(IFLA_INFO_KIND, cstr("vxlan")), nest(IFLA_INFO_DATA, data)))
+    return RTM_NEWLINK, CREATE, body
 
 
 def bridge(name: str, index: int, mtu: int) -> tuple[int, int, bytes]:
@@ -319,6 +335,7 @@ EEXIST = errno.EEXIST
 RTM_GETLINK = 18
 IFLA_OPERSTATE = 16
 IF_OPER_UP = 6
+IF_OPER_UNKNOWN = 0
 
 
 IFLA_STATS64 = 23

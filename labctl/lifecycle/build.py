@@ -22,12 +22,16 @@ from labctl.topology.load import Loaded
 
 
 def up(file: str | None, sets=(), name: str | None = None, template_dirs=(), backend: str = "netns",
-       progress=None, topo: str | None = None, maps=None, build_images: bool = True, trust: bool = False
-       ) -> tuple[LabPlan, state.LabDir, float]:
+       progress=None, topo: str | None = None, maps=None, build_images: bool = True, trust: bool = False,
+       hosts: list[str] | None = None, spread: str = "server") -> tuple[LabPlan, state.LabDir, float]:
     """Build a lab file (or, with `topo`, a Mininet topology: see topology/sources.py); `maps`
     (topology.clabmaps.ImportMaps) maps a containerlab file's kinds and images; `trust` vouches for
-    a lab whose powerful lines (plan/trust.py) come from files root does not own."""
+    a lab whose powerful lines (plan/trust.py) come from files root does not own; `hosts` places
+    its nodes over those machines by the `spread` rule (topology/placement.py)."""
     loaded = sources.load(file, sets, template_dirs, name, topo, maps)
+    if hosts:
+        from labctl.topology.placement import apply_hosts
+        apply_hosts(loaded, hosts, spread)
     return build(loaded, backend, progress, str(Path(file).resolve()) if file else f"mininet:{topo}",
                  build_images, trust)
 
@@ -96,7 +100,7 @@ def start_controller(plan: LabPlan, lab: state.LabDir) -> int | None:
     from labctl.dataplane import agents, controller
     if not controller.needed(plan):
         return None
-    if agents.mode() == "node":
+    if agents.mode() == "node" or any(n.machine for n in plan.nodes):
         lab.write_state(agent_pids=agents.start_in_nodes(plan, lab))
         return None
     pid = helpers.start(lab, "labctl.dataplane.controller", "controller", "the data-plane controller")

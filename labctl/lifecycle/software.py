@@ -31,15 +31,13 @@ def run_exec_lines(plan: LabPlan, lab: LabDir, progress=None) -> None:
     if not nodes:
         return
     from concurrent.futures import ThreadPoolExecutor
-    client = None
-    if any(n.container for n in nodes):
-        from labctl.containers import engine
-        client = engine.client()
+    from labctl.cluster.engines import Engines
+    engines = Engines()
     total, done = sum(len(n.exec) for n in nodes), [0]
 
     def node_lines(node) -> str | None:
         for argv in node.exec:
-            code, out = _run(client, node, argv)
+            code, out = _run(engines, node, argv)
             if code != 0:
                 return (f"node {node.name}: exec line `{shlex.join(argv)}` exited with status {code}: "
                         f"{out.strip()[-300:] or 'no output'}")
@@ -52,16 +50,14 @@ def run_exec_lines(plan: LabPlan, lab: LabDir, progress=None) -> None:
         with ThreadPoolExecutor(max_workers=EXEC_PARALLEL) as pool:
             errors = [e for e in pool.map(node_lines, nodes) if e]
     finally:
-        if client is not None:
-            client.close()
+        engines.close()
     if errors:
         raise LabError(errors[0], "fix the line under the node's exec: (`labctl plan FILE` lists them)")
 
 
-def _run(client, node, argv: list[str]) -> tuple[int, str]:
+def _run(engines, node, argv: list[str]) -> tuple[int, str]:
     if node.container:
-        from labctl.containers import nodes as container_nodes
-        line = container_nodes.enter_argv(client, node.container.name, argv)
+        line = engines.argv(node, argv)
         env = {"PATH": CONTAINER_PATH, **node.container.env}
     else:
         line, env = ["ip", "netns", "exec", node.namespace, *argv], None

@@ -3,7 +3,7 @@
 Each pass reads what the earlier ones made and adds its part (a new feature adds a pass, not a
 branch in a long function):
 
-    pools → nodes → ranks → loopbacks → segments → links → shaping → wires → routes → balancing
+    pools → nodes → placement → ranks → loopbacks → segments → links → shaping → wires → tunnels → routes → balancing
     → steering → files
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from labctl import names
 from labctl.errors import InputError
 from labctl.kinds import fabric_kind, node_kind
-from labctl.plan import lb, model, qos, routing, software, te
+from labctl.plan import lb, model, placement, qos, routing, software, te
 from labctl.plan.sysctls import node_sysctls
 from labctl.topology.fabrics import l2_segments, link_fabric, node_fabric
 from labctl.topology.load import Loaded
@@ -264,8 +264,16 @@ def steering(b: Build) -> None:
     te.assign(b.nodes, b.topo, b.smap)
 
 
-PASSES = (("pools", pools), ("nodes", nodes), ("ranks", ranks), ("loopbacks", loopbacks),
-          ("segments", segments), ("links", links), ("shaping", shaping), ("wires", wires), ("routes", routes),
+def tunnels(b: Build) -> None:
+    """A link between two machines (placement.py) is a point-to-point VXLAN between them."""
+    for link in b.links:
+        a, z = (b.nodes[n].machine for n in link.nodes)
+        if a != z:
+            link.machines = [a, z]
+
+
+PASSES = (("pools", pools), ("nodes", nodes), ("placement", placement.place), ("ranks", ranks), ("loopbacks", loopbacks),
+          ("segments", segments), ("links", links), ("shaping", shaping), ("wires", wires), ("tunnels", tunnels), ("routes", routes),
           ("balancing", balancing), ("steering", steering), ("files", software.files))
 
 

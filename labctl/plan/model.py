@@ -91,6 +91,7 @@ class Container:
     files: list[dict] = field(default_factory=list)   # {path, text}: written to the lab directory, bound read-only
     privileged: bool = False    # Docker's privileged mode (a powerful line, plan/trust.py)
     cap_add: list[str] = field(default_factory=list)   # capabilities beyond containers/nodes.py's set
+    chosen: bool = False        # labctl's own choice for a placed node the lab file runs in no container
 
 
 @dataclass
@@ -115,6 +116,7 @@ class Node:
     numbered: bool = True        # False: its exec lines address its ports, the plan gives them none
     flow_hash: FlowHash | None = None   # labctl's ECMP hash on its ports (kernels without a seed: plan/flowhash.py)
     te: list[TeRoute] = field(default_factory=list)   # WAN traffic engineering (plan/te.py)
+    machine: str | None = None   # the machine it runs on (plan/placement.py); None: this one
 
     @property
     def switching(self) -> bool:
@@ -156,6 +158,7 @@ class Link:
     encrypt: bool = False
     weight: int = 1
     wire: Wire | None = None   # the delay line that carries this link (WAN), if any
+    machines: list[str] | None = None   # [machine of a, machine of b] when they differ: a VXLAN carries it
 
     @property
     def ends(self) -> tuple[tuple[str, str], tuple[str, str]]:
@@ -235,8 +238,15 @@ class LabPlan:
         for n in out["nodes"]:
             if not n["te"]:
                 del n["te"]
+            if n["machine"] is None:          # an unplaced lab writes the plan it wrote before placement
+                del n["machine"]
+            if n["container"] and not n["container"]["chosen"]:
+                del n["container"]["chosen"]
             if n["flow_hash"] and not n["flow_hash"]["te"]:
                 del n["flow_hash"]["te"]
+        for lk in out["links"]:
+            if lk["machines"] is None:
+                del lk["machines"]
         return out
 
     @classmethod

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from labctl.errors import InputError
 from labctl.kinds import fabric_kind
+from labctl.topology import placement
 from labctl.names import NamingError, assign_ifnames, split_endpoint
 from labctl.topology.fabrics import l2_segments, link_fabric, node_fabric, routing_domain, switching
 from labctl.topology.schema import TopologySpec
@@ -248,7 +249,7 @@ def interface_names(topo: TopologySpec, smap: SourceMap) -> None:
 
 
 CHECKS = (node_fabrics, unique_ranks, link_ends, link_fabrics, link_rates_and_delays, qos_classes, zones,
-          every_node_linked, segments, interface_names)
+          every_node_linked, segments, interface_names, placement.check)
 
 
 def check_topology(topo: TopologySpec, smap: SourceMap) -> None:

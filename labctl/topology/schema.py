@@ -250,3 +250,8 @@ class TopologySpec(Strict):
     nodes: dict[Name, NodeSpec] = Field(min_length=1, description="at least one node")
     links: list[Link] = Field(default_factory=list)
     qos: Qos = Qos()
+    placement: dict[str, Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]{0,15}$")]] = Field(
+        default_factory=dict, description="the machines the nodes run on (labctl cluster): NAME: MACHINE, where "
+                                          "NAME is a node, a server (its GPUs and NVLink switch), a zone, or '*' "
+                                          "for every other node; each node then runs as a container on its "
+                                          "machine, and links between machines are VXLAN")

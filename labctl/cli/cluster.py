@@ -1,0 +1,256 @@
+"""`labctl cluster`: the machines a lab may spread over (Docker engines joined in one Swarm), and
+emulating such machines on this host."""
+from __future__ import annotations
+
+import json
+import time
+
+import click
+from rich.table import Table
+
+from labctl.cli.base import cli, out
+
+DEFAULT_IMAGES = ("labctl/host", "labctl/frr")
+
+
+@cli.group()
+def cluster():
+    """Machines a lab can spread over: Docker engines joined in one Swarm.
+
+    Each machine is a Docker engine and an underlay address; Swarm places a lab node's container
+    on the machine its `placement:` names (the Swarm node label labctl.machine), and links
+    between machines travel as VXLAN between underlay addresses.
+
+    \b
+    Try it on one host (three machines, each a namespace with its own dockerd):
+      sudo labctl cluster emulate 3        # m1..m3 on 192.168.77.0/24, one Swarm, images copied
+      labctl cluster status                # machines, Swarm state, lab containers on each
+      sudo labctl cluster emulate --stop   # remove all of it
+    \b
+    Real machines (each runs dockerd; the engine URL is how this host reaches it):
+      sudo labctl cluster init --name a --engine ssh://root@hosta --address 192.168.1.1
+      sudo labctl cluster join --name b --engine ssh://root@hostb --address 192.168.1.2
+      sudo labctl cluster leave b          # b leaves the Swarm and is forgotten
+      sudo labctl cluster reset            # every machine leaves; labctl forgets them all
+    """
+
+
+def _progress():
+    """Progress lines: one when a stage starts and one when it is done, with the time so far."""
+    t0, seen = time.monotonic(), set()
+
+    def say(stage, done, total):
+        mark = "done" if done >= total else "start" if done == 0 else None
+        if mark and (stage, mark) not in seen:
+            seen.add((stage, mark))
+            text = f"{stage}: {done}/{total}" if mark == "done" else f"{stage} ..."
+            out.print(f"  [{time.monotonic() - t0:5.1f} s] {text}", highlight=False)
+    return say
+
+
+@cluster.command("emulate")
+@click.argument("count", type=int, default=3, required=False)
+@click.option("--subnet", default="192.168.77.0/24", show_default=True,
+              help="the emulated underlay: machine mN gets address N in it (keep it out of 10.0.0.0/8, the labs')")
+@click.option("--stop", "stop_", is_flag=True, help="remove the emulated machines and everything they run")
+@click.option("--image", "images_", multiple=True, default=DEFAULT_IMAGES, show_default=True,
+              help="copy this image from this host's engine into every machine (labctl's are built first if "
+                   "missing); repeatable")
+@click.option("--no-images", is_flag=True, help="copy no image")
+def cluster_emulate(count, subnet, stop_, images_, no_images):
+    """Emulate COUNT machines (default 3) on this host and join them in one Swarm.
+
+    Machine mN is the network namespace lcm-mN, cabled to the bridge lcm-underlay, running its
+    own dockerd (socket /run/lcm-mN.sock; its data root /var/lib/labctl/machines/mN is kept, so
+    images copied once stay). m1 manages the Swarm. They are recorded as labctl's cluster, so
+    `placement:` in a lab file can name m1..mN. `--stop` removes exactly what was made.
+    """
+    from labctl.cluster import emulate
+    from labctl.lifecycle.labs import require_root
+    require_root("labctl cluster emulate")
+    if stop_:
+        t0 = time.monotonic()
+        had = emulate.stop()
+        out.print(f"the emulated machines are removed ({time.monotonic() - t0:.1f} s)" if had
+                  else "no machines are emulated on this host", highlight=False)
+        return
+    t0 = time.monotonic()
+    machines = emulate.start(count, subnet, progress=_progress())
+    out.print(f"{len(machines)} machines emulated and joined in one Swarm in {time.monotonic() - t0:.1f} s",
+              highlight=False)
+    if not no_images and images_:
+        _copy_images(list(machines.values()), list(images_))
+    _status_table(as_json=False)
+
+
+def _copy_images(machines, wanted: list[str]) -> None:
+    from labctl.cluster import images
+    say = _progress()
+    src, started = images.default_images_client(wanted, progress=say)
+    try:
+        for m in machines:
+            for ref, seconds in images.ensure_images(m, wanted, src, progress=say).items():
+                out.print(f"  {ref} copied to {m.name} in {seconds:.1f} s", highlight=False)
+    finally:
+        src.close()
+        images.release_default(started)
+
+
+def _machine(name, engine_url, address, manager):
+    from labctl.cluster.machines import Machine
+    return Machine(name, engine_url, address, manager=manager).check()
+
+
+@cluster.command("init")
+@click.option("--name", required=True, help="the machine's name, as `placement:` names it")
+@click.option("--engine", "engine_url", required=True,
+              help="its Docker engine: unix:///var/run/docker.sock, tcp://HOST:2376 or ssh://root@HOST")
+@click.option("--address", required=True, help="its underlay IPv4 address (the Swarm and VXLAN links use it)")
+def cluster_init(name, engine_url, address):
+    """Form a Swarm with this machine as its manager, and record it."""
+    from labctl.cluster import machines as mrec
+    from labctl.cluster import swarm
+    from labctl.errors import LabError
+    from labctl.lifecycle.labs import require_root
+    require_root("labctl cluster init")
+    known = mrec.load()
+    if known:
+        raise LabError(f"labctl knows machines already ({', '.join(known)})",
+                       "`labctl cluster join` adds one; `labctl cluster reset` forgets them all")
+    m = _machine(name, engine_url, address, True)
+    swarm.init(m)
+    swarm.label(m, m)
+    mrec.save({m.name: m})
+    out.print(f"Swarm formed; {name} ({address}) manages it", highlight=False)
+
+
+@cluster.command("join")
+@click.option("--name", required=True, help="the machine's name, as `placement:` names it")
+@click.option("--engine", "engine_url", required=True,
+              help="its Docker engine: unix:///PATH, tcp://HOST:2376 or ssh://root@HOST")
+@click.option("--address", required=True, help="its underlay IPv4 address (it must reach the manager's)")
+def cluster_join(name, engine_url, address):
+    """Join a machine to the recorded manager's Swarm, label it, and record it."""
+    from labctl.cluster import machines as mrec
+    from labctl.cluster import swarm
+    from labctl.errors import LabError
+    from labctl.lifecycle.labs import require_root
+    require_root("labctl cluster join")
+    known = mrec.load()
+    mgr = mrec.manager(known)
+    if name in known:
+        raise LabError(f"labctl knows a machine {name} already", f"`labctl cluster leave {name}` first")
+    m = _machine(name, engine_url, address, False)
+    swarm.join(m, mgr)
+    swarm.label(mgr, m)
+    mrec.save({**known, m.name: m})
+    out.print(f"{name} ({address}) joined the Swarm of {mgr.name}", highlight=False)
+
+
+def _rows() -> list[dict]:
+    from labctl.cluster import machines as mrec
+    from labctl.cluster import swarm
+    from labctl.errors import LabError
+    known = mrec.load()
+    by_machine = {}
+    if known:
+        try:
+            by_machine = {n["machine"]: n for n in swarm.nodes(mrec.manager(known)) if n["machine"]}
+        except LabError:
+            pass                       # the manager does not answer: Swarm state unknown
+    rows = []
+    for m in known.values():
+        node = by_machine.get(m.name, {})
+        try:
+            c = mrec.client(m, timeout=5)
+            try:
+                labs = len(c.containers.list(filters={"label": "labctl.lab"}))
+            finally:
+                c.close()
+        except LabError:
+            labs = None
+        rows.append({"machine": m.name, "engine": m.engine, "address": m.address, "netns": m.netns,
+                     "role": node.get("role") or ("manager" if m.manager else "worker"),
+                     "swarm": node.get("state"), "availability": node.get("availability"),
+                     "lab_containers": labs})
+    return rows
+
+
+def _status_table(as_json: bool) -> None:
+    rows = _rows()
+    if as_json:
+        click.echo(json.dumps(rows, indent=1))
+        return
+    if not rows:
+        out.print("labctl knows no machines: `labctl cluster init` forms a Swarm, "
+                  "`sudo labctl cluster emulate 3` emulates three here", highlight=False)
+        return
+    t = Table()
+    for col in ("machine", "engine", "address", "role", "Swarm state", "lab containers"):
+        t.add_column(col)
+    for r in rows:
+        state = "? (no answer)" if r["swarm"] is None else r["swarm"] if r["availability"] == "active" \
+            else f"{r['swarm']} ({r['availability']})"
+        t.add_row(r["machine"], r["engine"], r["address"], r["role"], state,
+                  "-" if r["lab_containers"] is None else str(r["lab_containers"]))
+    out.print(t)
+
+
+@cluster.command("status")
+@click.option("--json", "as_json", is_flag=True)
+def cluster_status(as_json):
+    """The machines: engine, address, Swarm role and state, lab containers running on each."""
+    _status_table(as_json)
+
+
+@cluster.command("leave")
+@click.argument("name")
+def cluster_leave(name):
+    """Make machine NAME leave the Swarm, and forget it (a manager leaves last: use reset)."""
+    from labctl.cluster import machines as mrec
+    from labctl.cluster import swarm
+    from labctl.errors import LabError
+    from labctl.lifecycle.labs import require_root
+    require_root("labctl cluster leave")
+    known = mrec.load()
+    if name not in known:
+        raise LabError(f"labctl knows no machine {name}", "`labctl cluster status` lists them")
+    m = known.pop(name)
+    if m.manager and known:
+        raise LabError(f"{name} manages the Swarm, and {', '.join(known)} still belong to it",
+                       "let them leave first (`labctl cluster leave NAME`), or `labctl cluster reset`")
+    nid = swarm.node_id(m)
+    swarm.leave(m)
+    if not m.manager:
+        swarm.remove_node(mrec.manager(known), nid)      # or it stays listed, Down
+    if known:
+        mrec.save(known)
+    else:
+        mrec.record_path().unlink(missing_ok=True)
+    out.print(f"{name} left the Swarm and is forgotten", highlight=False)
+
+
+@cluster.command("reset")
+def cluster_reset():
+    """Every known machine leaves the Swarm (those that answer), and labctl forgets them all."""
+    from labctl.cluster import emulate
+    from labctl.cluster import machines as mrec
+    from labctl.cluster import swarm
+    from labctl.errors import LabError
+    from labctl.lifecycle.labs import require_root
+    require_root("labctl cluster reset")
+    try:
+        known = mrec.load()
+    except LabError as exc:          # an unreadable record: forgotten all the same
+        out.print(f"  {exc.message}", highlight=False)
+        known = {}
+    for m in sorted(known.values(), key=lambda m: m.manager):     # workers first
+        try:
+            swarm.leave(m)
+        except LabError as exc:
+            out.print(f"  {m.name}: {exc.message} (forgotten anyway)", highlight=False)
+    mrec.record_path().unlink(missing_ok=True)
+    out.print(f"forgot {len(known)} machine(s)", highlight=False)
+    if emulate.status():
+        out.print("the emulated machines still run: `sudo labctl cluster emulate --stop` removes them",
+                  highlight=False)

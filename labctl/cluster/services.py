@@ -1,0 +1,160 @@
+"""Placed nodes as Swarm services: one service per node, pinned to its machine.
+
+A service is how Swarm runs a container on a chosen machine: one replica, the constraint
+`node.labels.labctl.machine == M`, no restart (a restarted task would come back in a fresh
+namespace, without its links). The machines' engines run with no bridge (cluster/emulate.py, and
+the README's recipe for real machines), so a task starts with only its loopback, as a
+`network_mode: none` container does, and labctl cables it.
+
+What a service cannot be given, Docker's Swarm never gives: `privileged` (refused at plan time,
+topology/placement.py), no_new_privs and labctl's narrowed read-only /proc paths (a task keeps
+Docker's defaults: all of /proc/sys read-only; labctl sets the node's sysctls from outside).
+
+Removal is by the lab's journal and labels, as for containers (containers/nodes.py): a service is
+removed only if the journal lists it and its labels say it is this lab's. Swarm then removes the
+task's container on its machine; a machine away at the time does it when it comes back.
+"""
+from __future__ import annotations
+
+import time
+
+from labctl.errors import LabError
+
+START_TIMEOUT_S = 120
+STOP_GRACE_NS = 200_000_000
+
+
+def constraint(machine: str) -> str:
+    from labctl.cluster.machines import MACHINE_LABEL
+    return f"node.labels.{MACHINE_LABEL}=={machine}"
+
+
+def spec(node, lab, binds: list[str]):
+    """The service's task template: the node's container as containers/nodes.py would start it."""
+    from labctl.containers import engine, nodes
+    types = engine.sdk().types
+    c = node.container
+    mounts = []
+    for bind in binds:
+        host, target, *mode = bind.split(":")
+        mounts.append(types.Mount(target, host, type="bind", read_only=bool(mode) and mode[0] == "ro"))
+    caps = [f"CAP_{cap}" for cap in nodes.node_capabilities(c.image, c.cap_add)]
+    container = types.ContainerSpec(c.image, args=c.cmd, hostname=node.name, env=dict(c.env) or None,
+                                    labels={nodes.LAB_LABEL: lab.name, nodes.NODE_LABEL: node.name},
+                                    mounts=mounts or None, cap_drop=["ALL"], cap_add=caps,
+                                    # `down` removes a node at once, as `docker rm -f` does a container
+                                    stop_grace_period=STOP_GRACE_NS)
+    return types.TaskTemplate(container, restart_policy=types.RestartPolicy(condition="none"),
+                              placement=types.Placement(constraints=[constraint(node.machine)]))
+
+
+def start(plan, lab, machines: dict, binds_of, progress=None) -> dict[str, int]:
+    """Create every placed node's service (journaled first), wait until each task runs on its
+    machine, and return each node's container PID (its netns is the node's)."""
+    from labctl.cluster import machines as cluster
+    from labctl.containers import nodes
+    manager = cluster.client(cluster.manager(machines))
+    clients = {}
+    try:
+        placed = [n for n in plan.nodes if n.machine]
+        for i, node in enumerate(placed):
+            lab.journal("service", node.container.name)
+            try:
+                manager.api.create_service(spec(node, lab, binds_of(node)), name=node.container.name,
+                                           labels={nodes.LAB_LABEL: lab.name, nodes.NODE_LABEL: node.name})
+            except Exception as exc:      # the SDK's APIError, or requests' errors
+                raise LabError(f"node {node.name}: Swarm refused its service: {getattr(exc, 'explanation', exc)}",
+                               "`labctl cluster status`; `docker service ls` on the manager") from None
+            if progress:
+                progress("services", i + 1, len(placed))
+        pids = {}
+        deadline = time.monotonic() + START_TIMEOUT_S
+        for i, node in enumerate(placed):
+            machine = machines[node.machine]
+            if machine.name not in clients:
+                clients[machine.name] = cluster.client(machine)
+            pids[node.name] = _task_pid(manager, clients[machine.name], node, deadline)
+            if progress:
+                progress("containers", i + 1, len(placed))
+        return pids
+    finally:
+        manager.close()
+        for c in clients.values():
+            c.close()
+
+
+def _task_pid(manager, engine_client, node, deadline: float) -> int:
+    """The PID of the node's task container on its machine, once it runs."""
+    name = node.container.name
+    while True:
+        tasks = manager.api.tasks(filters={"service": name})
+        states = [t["Status"]["State"] for t in tasks]
+        failed = [t for t in tasks if t["Status"]["State"] in ("failed", "rejected", "shutdown", "complete")]
+        if failed:
+            err = failed[0]["Status"].get("Err") or failed[0]["Status"].get("Message") or failed[0]["Status"]["State"]
+            raise LabError(f"node {node.name}: its container did not start on machine {node.machine}: {err}",
+                           f"is its image {node.container.image!r} on that machine? (`labctl cluster status`)")
+        if "running" in states:
+            found = engine_client.containers.list(filters={"label": f"com.docker.swarm.service.name={name}"})
+            if found:
+                pid = found[0].attrs["State"]["Pid"]
+                if pid:
+                    return pid
+        if time.monotonic() > deadline:
+            raise LabError(f"node {node.name}: its task is {', '.join(states) or 'not scheduled'} after "
+                           f"{START_TIMEOUT_S} s (machine {node.machine})",
+                           "`labctl cluster status`: is the machine Ready and labelled?")
+        time.sleep(0.1)
+
+
+def remove(lab) -> list[str]:
+    """Remove the journaled services that are this lab's, and wait until their containers are gone
+    from every machine that answers (a machine that does not is reported: Swarm removes its
+    containers when it comes back). Returns the services removed."""
+    names = lab.journaled("service")
+    if not names:
+        return []
+    from labctl.cluster import machines as cluster
+    from labctl.containers import nodes
+    import sys
+    known = cluster.load()
+    try:
+        manager = cluster.client(cluster.manager(known), timeout=30)
+    except LabError as exc:
+        print(f"labctl: lab {lab.name}: its Swarm manager does not answer ({exc}); its services stay until "
+              "`labctl down` is run again once it answers", file=sys.stderr)
+        return []
+    removed = []
+    try:
+        for name in names:
+            for svc in manager.services.list(filters={"name": name}):
+                if svc.name == name and (svc.attrs["Spec"].get("Labels") or {}).get(nodes.LAB_LABEL) == lab.name:
+                    svc.remove()
+                    removed.append(name)
+    finally:
+        manager.close()
+    _wait_gone(lab, known, set(names))
+    return removed
+
+
+def _wait_gone(lab, known: dict, names: set[str], timeout: float = 60) -> None:
+    import sys
+    from labctl.cluster import machines as cluster
+    deadline = time.monotonic() + timeout
+    for machine in known.values():
+        try:
+            c = cluster.client(machine, timeout=10)
+        except LabError:
+            print(f"labctl: machine {machine.name} does not answer: Swarm removes lab {lab.name}'s containers "
+                  "there when it comes back", file=sys.stderr)
+            continue
+        try:
+            while time.monotonic() < deadline:
+                # the engine's list as it stands (a container removed meanwhile is not looked up again)
+                left = [x for x in c.api.containers(all=True, filters={"label": f"labctl.lab={lab.name}"})
+                        if (x.get("Labels") or {}).get("com.docker.swarm.service.name") in names]
+                if not left:
+                    break
+                time.sleep(0.2)
+        finally:
+            c.close()

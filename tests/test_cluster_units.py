@@ -1,0 +1,116 @@
+"""The cluster's pieces that need neither root nor an engine: a machine's checks, the cluster record
+(cluster.json) read back as written, the emulation's argument checks and per-machine names, the
+cluster record pruned at stop, and `labctl cluster` help that renders with its examples."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from labctl.cli import cli
+from labctl.cluster import emulate, teardown
+from labctl.cluster import machines as mrec
+from labctl.cluster.machines import Machine
+from labctl.errors import LabError
+
+
+@pytest.mark.parametrize("fields, says", [
+    (("M1", "unix:///run/x.sock", "192.168.1.1"), "is not a machine name"),
+    (("a" * 17, "unix:///run/x.sock", "192.168.1.1"), "is not a machine name"),
+    (("../x", "unix:///run/x.sock", "192.168.1.1"), "is not a machine name"),
+    (("m1", "http://host:2375", "192.168.1.1"), "is not a Docker engine URL"),
+    (("m1", "/run/docker.sock", "192.168.1.1"), "is not a Docker engine URL"),
+    (("m1", "tcp://h:2376", "192.168.1.300"), "is not an IPv4 address"),
+    (("m1", "ssh://root@h", "fe80::1"), "is not an IPv4 address"),
+])
+def test_a_machine_that_cannot_be_is_refused_with_a_fix(fields, says):
+    with pytest.raises(LabError) as e:
+        Machine(*fields).check()
+    assert says in e.value.message and e.value.fix
+
+
+def test_a_good_machine_passes_its_checks():
+    for engine in ("unix:///run/lcm-m1.sock", "tcp://10.1.0.1:2376", "ssh://root@hosta"):
+        m = Machine("m1", engine, "192.168.77.1")
+        assert m.check() is m
+
+
+def test_the_cluster_record_reads_back_as_written(tmp_path, monkeypatch):
+    monkeypatch.setenv("LABCTL_STATE_DIR", str(tmp_path / "state"))
+    assert mrec.load() == {}
+    with pytest.raises(LabError, match="no Swarm manager"):
+        mrec.manager()
+    ms = {"a": Machine("a", "ssh://root@hosta", "192.168.1.1", manager=True),
+          "m2": Machine("m2", "unix:///run/lcm-m2.sock", "192.168.77.2", netns="lcm-m2")}
+    mrec.save(ms)
+    assert mrec.record_path() == tmp_path / "state" / "cluster.json"
+    assert mrec.record_path().stat().st_mode & 0o077 == 0
+    assert mrec.load() == ms
+    assert mrec.manager().name == "a"
+    mrec.record_path().write_text("{not json")
+    with pytest.raises(LabError, match="cannot be read") as e:
+        mrec.load()
+    assert "reset" in e.value.fix
+
+
+def test_emulation_arguments_are_checked_before_anything_is_made():
+    for count in (0, emulate.MAX_MACHINES + 1):
+        with pytest.raises(LabError, match="cannot emulate"):
+            emulate._check(count, "192.168.77.0/24")
+    with pytest.raises(LabError, match="not an IPv4 subnet"):
+        emulate._check(3, "192.168.77.1/24")          # host bits set
+    with pytest.raises(LabError, match="no room"):
+        emulate._check(3, "192.168.77.0/30")
+    with pytest.raises(LabError, match="Swarm's address pool"):
+        emulate._check(3, "10.200.5.0/24")
+    assert str(emulate._check(3, "192.168.77.0/24")) == "192.168.77.0/24"
+
+
+def test_each_emulated_engine_has_its_own_paths_and_label():
+    a, b = emulate.dockerd_args("m1"), emulate.dockerd_args("m2")
+    for flag in ("--config-file", "--data-root", "--exec-root", "-H", "--pidfile", "--containerd-namespace",
+                 "--containerd-plugins-namespace", "--label"):
+        assert a[a.index(flag) + 1] != b[b.index(flag) + 1], flag
+    assert a[a.index("-H") + 1] == "unix:///run/lcm-m1.sock"
+    assert a[a.index("--label") + 1] == "labctl.machine=m1"
+    for off in ("--bridge=none", "--iptables=false", "--ip-masq=false", "--ip-forward=false"):
+        assert off in a
+
+
+def test_stop_forgets_only_the_emulated_machines(tmp_path):
+    record = tmp_path / "cluster.json"
+    record.write_text(json.dumps({"machines": [
+        {"name": "m1", "engine": "unix:///run/lcm-m1.sock", "address": "192.168.77.1", "netns": "lcm-m1",
+         "manager": True},
+        {"name": "b", "engine": "ssh://root@b", "address": "192.168.1.2", "netns": None, "manager": False}]}))
+    failures = []
+    teardown.forget_machines(str(record), {"lcm-m1"}, failures)
+    assert failures == [] and [m["name"] for m in json.loads(record.read_text())["machines"]] == ["b"]
+    teardown.forget_machines(str(record), {"lcm-m1", None}, failures)
+    assert failures == [] and not record.exists()
+    teardown.forget_machines(str(record), {"lcm-m1"}, failures)     # gone already: nothing to do
+    assert failures == []
+
+
+@pytest.mark.parametrize("args, says", [
+    (["cluster", "--help"], "sudo labctl cluster emulate 3"),
+    (["cluster", "emulate", "--help"], "--stop"),
+    (["cluster", "init", "--help"], "--address"),
+    (["cluster", "join", "--help"], "--engine"),
+    (["cluster", "status", "--help"], "--json"),
+    (["cluster", "leave", "--help"], "NAME"),
+    (["cluster", "reset", "--help"], "forgets"),
+])
+def test_the_cluster_commands_help_renders(args, says):
+    r = CliRunner().invoke(cli, args)
+    assert r.exit_code == 0, r.output
+    assert says in r.output
+
+
+def test_status_with_no_machines_says_how_to_get_some(tmp_path, monkeypatch):
+    monkeypatch.setenv("LABCTL_STATE_DIR", str(tmp_path / "state"))
+    r = CliRunner().invoke(cli, ["cluster", "status"])
+    assert r.exit_code == 0 and "cluster init" in r.output and "emulate" in r.output
+    r = CliRunner().invoke(cli, ["cluster", "status", "--json"])
+    assert r.exit_code == 0 and json.loads(r.output) == []

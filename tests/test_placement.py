@@ -1,0 +1,103 @@
+"""Placement over machines (no root): resolution, spread rules, the compiled plan, the VXLAN request."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from labctl.errors import InputError
+from labctl.plan.compile import compile_plan
+from labctl.plan.model import LabPlan
+from labctl.topology.load import load_topology, load_topology_text
+from labctl.topology.placement import apply_hosts, machine_of, spread
+
+LSB = Path(__file__).parent.parent / "topologies" / "leaf-spine-bgp.yml"
+
+LAB = """
+name: pl
+nodes:
+  h1: {kind: gpu, server: s1}
+  h2: {kind: gpu, server: s2}
+  nvs1: {kind: nvswitch, fabric: nvlink, server: s1}
+  r1: {kind: switch, fabric: backend}
+fabrics:
+  backend: {kind: scale-out}
+  nvlink: {kind: scale-up}
+links:
+  - endpoints: [h1, r1]
+  - endpoints: [h2, r1]
+  - endpoints: [h1, nvs1]
+placement:
+  '*': m1
+  s1: m2
+  h2: m3
+"""
+
+
+def test_most_specific_name_wins():
+    topo = load_topology_text(LAB, "pl.yml").topology
+    assert [machine_of(topo, n) for n in ("h1", "h2", "nvs1", "r1")] == ["m2", "m3", "m2", "m1"]
+
+
+def test_spread_by_server_keeps_the_fabric_on_the_first_machine():
+    loaded = load_topology(LSB)
+    apply_hosts(loaded, ["m1", "m2", "m3"], "server")
+    topo = loaded.topology
+    assert {machine_of(topo, n) for n in ("spine1", "leaf4")} == {"m1"}
+    assert {machine_of(topo, n) for n in topo.nodes if n.startswith("srv1")} == {"m2"}
+    assert {machine_of(topo, n) for n in topo.nodes if n.startswith("srv2")} == {"m3"}
+
+
+def test_spread_by_node_and_one_host():
+    topo = load_topology(LSB).topology
+    by_node = spread(topo, ["a", "b"], "node")
+    assert list(by_node.values())[:4] == ["a", "b", "a", "b"]
+    assert set(spread(topo, ["solo"], "server").values()) == {"solo"}
+    with pytest.raises(ValueError):
+        spread(topo, ["a"], "rack")
+
+
+def test_hosts_with_a_bad_name_is_located():
+    with pytest.raises(InputError) as info:
+        apply_hosts(load_topology(LSB), ["m1", "Bad Name"])
+    assert "--hosts" in str(info.value)
+
+
+def test_placed_plan_has_containers_machines_and_tunnels():
+    plan = compile_plan(load_topology_text(LAB, "pl.yml"))
+    by = {n.name: n for n in plan.nodes}
+    assert by["h1"].machine == "m2" and by["r1"].machine == "m1"
+    # a node the file runs in no container runs labctl's image; a switch's gets SYS_ADMIN for its agent's BPF
+    assert by["h1"].container.image == "labctl/host" and by["h1"].container.chosen
+    assert by["h1"].container.cap_add == [] and by["nvs1"].container.cap_add == ["SYS_ADMIN"]
+    assert [lk.machines for lk in plan.links] == [["m2", "m1"], ["m3", "m1"], None]
+    again = LabPlan.from_dict(plan.to_dict())
+    assert [lk.machines for lk in again.links] == [["m2", "m1"], ["m3", "m1"], None]
+    assert again.node("h2").machine == "m3"
+
+
+def test_unplaced_plan_is_unchanged():
+    plan = compile_plan(load_topology_text(LAB.split("placement:")[0], "pl.yml"))
+    assert all(n.machine is None and n.container is None for n in plan.nodes)
+    assert all(lk.machines is None for lk in plan.links)
+
+
+def test_vxlan_request_decodes_as_the_kernel_reads_it():
+    """Our hand-packed RTM_NEWLINK for a VXLAN port, read back by pyroute2's own decoder."""
+    from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
+    from labctl.kernel import rtnl
+    from labctl.kernel.netlink import message
+    kind, flags, body = rtnl.vxlan("leaf1", 42, "02:00:00:00:01:02", 9000, 7, 10005, "192.168.77.1",
+                                   "192.168.77.2", 3, 14789)
+    msg = ifinfmsg(message(kind, flags, body, 1))
+    msg.decode()
+    assert msg["index"] == 42
+    assert msg.get_attr("IFLA_IFNAME") == "leaf1" and msg.get_attr("IFLA_MTU") == 9000
+    assert msg.get_attr("IFLA_ADDRESS") == "02:00:00:00:01:02" and msg.get_attr("IFLA_NET_NS_FD") == 7
+    info = msg.get_attr("IFLA_LINKINFO")
+    assert info.get_attr("IFLA_INFO_KIND") == "vxlan"
+    data = info.get_attr("IFLA_INFO_DATA")
+    assert data.get_attr("IFLA_VXLAN_ID") == 10005
+    assert data.get_attr("IFLA_VXLAN_GROUP") == "192.168.77.2" and data.get_attr("IFLA_VXLAN_LOCAL") == "192.168.77.1"
+    assert data.get_attr("IFLA_VXLAN_LINK") == 3 and data.get_attr("IFLA_VXLAN_PORT") == 14789
+    assert data.get_attr("IFLA_VXLAN_LEARNING") == 0
