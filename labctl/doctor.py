@@ -216,6 +216,7 @@ def features(k: dict[str, bool]) -> list[dict]:
                                                                    "hop-by-hop pause of the RoCE class on every "
                                                                    "NVLink port", "status": "in use"},
         _switch_agents(),
+        _machines(),
         {"feature": "controller and WAN line scheduling",
          "mechanism": "SCHED_FIFO 10; rtnl readers (queue sampler, loss ledger) SCHED_FIFO 5 inside netlink calls"
          if k.get("sched_fifo", True) else "nice -10 (real-time refused here: a burst of CPU load can delay a "
@@ -353,6 +354,25 @@ def _switch_agents() -> dict:
              if placement == "lab" else
              "one agent inside each node that needs one, from its share of the plan (LABCTL_SWITCH_AGENTS=node)")
     return {"feature": "switch agents (PFC, ECN profiles)", "mechanism": where, "status": "in use"}
+
+
+def _machines() -> dict:
+    from labctl.cluster import machines
+    feature = "labs across machines (placement:, --hosts)"
+    try:
+        known = machines.load()
+    except Exception as exc:            # an unreadable record: say it here, `up` refuses it
+        return {"feature": feature, "mechanism": str(exc), "status": "MISCONFIGURED"}
+    how = ("each placed node a Swarm service pinned to its machine (node label labctl.machine); links between "
+           "machines point-to-point VXLAN (UDP 14789), no bridge in the path, so pauses cross; the nodes' own "
+           "switch agents")
+    if not known:
+        return {"feature": feature, "mechanism": how + "; no machines known (`labctl cluster emulate 3` or "
+                "`labctl cluster init`)", "status": "not in use"}
+    here = [m.name for m in known.values() if m.on_this_host]
+    far = [m.name for m in known.values() if not m.on_this_host]
+    return {"feature": feature, "mechanism": how + f"; machines on this host's kernel: {', '.join(here) or 'none'}"
+            + (f"; on other hosts (labs not placed there yet): {', '.join(far)}" if far else ""), "status": "in use"}
 
 
 def _marks_in_data_path(node) -> bool:

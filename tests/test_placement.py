@@ -101,3 +101,23 @@ def test_vxlan_request_decodes_as_the_kernel_reads_it():
     assert data.get_attr("IFLA_VXLAN_GROUP") == "192.168.77.2" and data.get_attr("IFLA_VXLAN_LOCAL") == "192.168.77.1"
     assert data.get_attr("IFLA_VXLAN_LINK") == 3 and data.get_attr("IFLA_VXLAN_PORT") == 14789
     assert data.get_attr("IFLA_VXLAN_LEARNING") == 0
+
+
+def test_a_lab_is_refused_on_machines_it_cannot_reach(state_dir):
+    """Placement names machines of labctl's cluster record, on this host's kernel: a machine it
+    does not know, or one on another host, is a located error before anything is made."""
+    from labctl.cluster.machines import Machine, save
+    from labctl.lifecycle.build import plan_for
+    save({"m1": Machine("m1", "unix:///run/lcm-m1.sock", "192.168.77.1", "lcm-m1", True),
+          "far": Machine("far", "ssh://root@far", "192.168.1.9")})
+    loaded = load_topology(LSB)
+    apply_hosts(loaded, ["m1", "m2"])
+    with pytest.raises(InputError) as info:
+        plan_for(loaded)
+    assert "machine 'm2' is not in labctl's cluster (it knows m1, far)" in str(info.value)
+    assert info.value.where.key == "placement"
+    loaded = load_topology(LSB)
+    apply_hosts(loaded, ["m1", "far"])
+    with pytest.raises(InputError) as info:
+        plan_for(loaded)
+    assert "machine 'far' is another host (ssh://root@far)" in str(info.value)

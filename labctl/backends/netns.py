@@ -42,10 +42,16 @@ class NetnsBackend(Backend):
             return []
         from labctl.cluster import machines
         known = machines.load()
-        return [("placement", f"machine {m!r} is not in labctl's cluster"
-                 + (f" (it knows {', '.join(known)})" if known else " (it knows none)"),
-                 "`labctl cluster status` lists the machines; `labctl cluster join` adds one, or "
-                 "`labctl cluster emulate 3` emulates three on this host") for m in wanted if m not in known]
+        out = [("placement", f"machine {m!r} is not in labctl's cluster"
+                + (f" (it knows {', '.join(known)})" if known else " (it knows none)"),
+                "`labctl cluster status` lists the machines; `labctl cluster join` adds one, or "
+                "`labctl cluster emulate 3` emulates three on this host") for m in wanted if m not in known]
+        for m in (m for m in wanted if m in known and not known[m].on_this_host):
+            out.append(("placement", f"machine {m!r} is another host ({known[m].engine}): labctl cables and "
+                        "configures a node through its network namespace, which it reaches on this host only",
+                        "place the lab on machines emulated here (`labctl cluster emulate`) or on this host's own "
+                        "engine; building on other hosts is not done yet (docs/multi-machine.md says what is missing)"))
+        return out
 
     def _apply(self, plan: LabPlan, lab: LabDir, progress: Progress) -> None:
         procs.raise_fd_limit(3 * len(plan.nodes) + 6 * len(wires.wired(plan)) + 64)

@@ -28,10 +28,13 @@ def cluster():
       sudo labctl cluster emulate --stop   # remove all of it
     \b
     Real machines (each runs dockerd; the engine URL is how this host reaches it):
-      sudo labctl cluster init --name a --engine ssh://root@hosta --address 192.168.1.1
+      sudo labctl cluster init --name a --engine unix:///var/run/docker.sock --address 192.168.1.1
       sudo labctl cluster join --name b --engine ssh://root@hostb --address 192.168.1.2
       sudo labctl cluster leave b          # b leaves the Swarm and is forgotten
       sudo labctl cluster reset            # every machine leaves; labctl forgets them all
+    The Swarm forms over real machines, but `up` places nodes only on machines whose kernel is
+    this host's (emulated ones, or this host's own engine): labctl cables a node through its
+    network namespace. docs/multi-machine.md says what building on other hosts still needs.
     """
 
 
@@ -101,11 +104,17 @@ def _machine(name, engine_url, address, manager):
     return Machine(name, engine_url, address, manager=manager).check()
 
 
+def _machine_options(f):
+    """--name, --engine and --address: what labctl records of a machine."""
+    f = click.option("--address", required=True, help="its underlay IPv4 address (the Swarm and VXLAN links use "
+                     "it; a joining machine's must reach the manager's)")(f)
+    f = click.option("--engine", "engine_url", required=True,
+                     help="its Docker engine: unix:///var/run/docker.sock, tcp://HOST:2376 or ssh://root@HOST")(f)
+    return click.option("--name", required=True, help="the machine's name, as `placement:` names it")(f)
+
+
 @cluster.command("init")
-@click.option("--name", required=True, help="the machine's name, as `placement:` names it")
-@click.option("--engine", "engine_url", required=True,
-              help="its Docker engine: unix:///var/run/docker.sock, tcp://HOST:2376 or ssh://root@HOST")
-@click.option("--address", required=True, help="its underlay IPv4 address (the Swarm and VXLAN links use it)")
+@_machine_options
 def cluster_init(name, engine_url, address):
     """Form a Swarm with this machine as its manager, and record it."""
     from labctl.cluster import machines as mrec
@@ -125,10 +134,7 @@ def cluster_init(name, engine_url, address):
 
 
 @cluster.command("join")
-@click.option("--name", required=True, help="the machine's name, as `placement:` names it")
-@click.option("--engine", "engine_url", required=True,
-              help="its Docker engine: unix:///PATH, tcp://HOST:2376 or ssh://root@HOST")
-@click.option("--address", required=True, help="its underlay IPv4 address (it must reach the manager's)")
+@_machine_options
 def cluster_join(name, engine_url, address):
     """Join a machine to the recorded manager's Swarm, label it, and record it."""
     from labctl.cluster import machines as mrec

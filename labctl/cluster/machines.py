@@ -29,6 +29,12 @@ class Machine:
     netns: str | None = None  # emulated on this host: the network namespace it lives in
     manager: bool = False     # a Swarm manager (labctl places services through it)
 
+    @property
+    def on_this_host(self) -> bool:
+        """Its kernel is this host's (an emulated machine, or this host's own engine): labctl reaches
+        its nodes' namespaces. An engine reached over TCP or SSH runs on another kernel."""
+        return self.engine.startswith("unix://")
+
     def check(self) -> "Machine":
         if not NAME_PATTERN.match(self.name):
             raise LabError(f"{self.name!r} is not a machine name",
