@@ -91,6 +91,7 @@ def test_the_bgp_leaf_spine_runs_across_three_machines(machines, tmp_path):
     from labctl.telemetry import agentreport
     from labctl.traffic.run import run_workload
     from labctl.traffic.workload import load_workload
+    from labctl.errors import LabError
     name = "lt-swarm"
     t0 = time.monotonic()
     plan, lab, _ = labmod.up(str(ROOT / "topologies" / "leaf-spine-bgp.yml"), name=name, hosts=["m1", "m2", "m3"])
@@ -142,24 +143,78 @@ def test_the_bgp_leaf_spine_runs_across_three_machines(machines, tmp_path):
             assert counters[(iface.peer_node, iface.peer_iface)]["pfc_rx"] == sent, (node, port)
         print(f"pauses across machines: {paused}")
 
+        # each VXLAN's UDP socket is in its machine's namespace (m1 holds 8 ends, m2 and m3 4 each)
+        assert {m: _vxlan_sockets(m) for m in machines} == {"m1": 1, "m2": 1, "m3": 1}
+
+        # `down` while the manager does not answer: everything here goes, the record stays for a second `down`
+        sock = Path("/run/lcm-m1.sock")
+        sock.rename("/run/lcm-m1.sock.away")
+        try:
+            with pytest.raises(LabError) as info:
+                labmod.down(name)
+            assert "Swarm services are not" in str(info.value)
+        finally:
+            Path("/run/lcm-m1.sock.away").rename(sock)
+        assert state.lab_dir(name).path.exists() and not [ns for ns in os.listdir("/run/netns")
+                                                          if ns.startswith(name + "-")]
+        assert len(clients["m1"].services.list(filters={"label": f"labctl.lab={name}"})) == 16
         t0 = time.monotonic()
         labmod.down(name)
-        print(f"down in {time.monotonic() - t0:.1f} s")
+        print(f"second down in {time.monotonic() - t0:.1f} s")
         for m, c in clients.items():
             assert not c.containers.list(all=True, filters={"label": f"labctl.lab={name}"}), m
         assert not clients["m1"].services.list(filters={"label": f"labctl.lab={name}"})
         assert not [ns for ns in os.listdir("/run/netns") if ns.startswith(name + "-")]
-        for m in machines.values():
-            with NetNS(emulate.netns(m.name)) as ns:
-                kinds = [lk.get_attr("IFLA_LINKINFO").get_attr("IFLA_INFO_KIND")
-                         for lk in ns.get_links() if lk.get_attr("IFLA_LINKINFO")]
-            assert "vxlan" not in kinds, m.name
+        assert {m: _vxlan_sockets(m) for m in machines} == {"m1": 0, "m2": 0, "m3": 0}
         assert not state.lab_dir(name).path.exists()
     finally:
         if state.lab_dir(name).path.exists():
             labmod.down(name)
         for c in clients.values():
             c.close()
+
+
+def _vxlan_sockets(machine: str) -> int:
+    """UDP sockets bound to VXLAN's port 14789 in the machine's namespace (the kernel shares one
+    among the VXLAN devices of a namespace that listen on the same port)."""
+    from labctl.kernel import nsutil
+    with nsutil.entered(emulate.netns(machine)):
+        rows = Path("/proc/thread-self/net/udp").read_text().splitlines()[1:]
+    return sum(1 for r in rows if r.split()[1].endswith(f":{14789:04X}"))
+
+
+def test_a_node_that_fails_on_its_machine_rolls_every_machine_back(machines):
+    """A node whose container exits at once (on m3) fails `up` after the other services exist:
+    nothing is left on any engine, and no namespace or record of the lab."""
+    from labctl import lifecycle as labmod
+    from labctl import state
+    from labctl.errors import LabError
+    from labctl.topology.load import load_topology_text
+    name = "lt-swarmfail"
+    text = """
+name: lt-swarmfail
+nodes:
+  h1: {kind: host}
+  r1: {kind: switch, fabric: backend}
+  h2: {kind: host, image: labctl/host, cmd: /no/such/program}
+links:
+  - endpoints: [h1, r1]
+  - endpoints: [r1, h2]
+placement: {h1: m1, r1: m2, h2: m3}
+"""
+    with pytest.raises(LabError) as info:
+        labmod.build(load_topology_text(text, "fail.yml"))
+    assert "node h2: its container did not start on machine m3" in str(info.value), info.value
+    for m in machines.values():
+        c = mrec.client(m)
+        try:
+            assert not c.containers.list(all=True, filters={"label": f"labctl.lab={name}"}), m.name
+            if m.manager:
+                assert not c.services.list(filters={"label": f"labctl.lab={name}"})
+        finally:
+            c.close()
+    assert not [ns for ns in os.listdir("/run/netns") if ns.startswith(name + "-")]
+    assert not state.lab_dir(name).path.exists()
 
 
 def _leftovers() -> dict[str, list[str]]:
@@ -174,11 +229,12 @@ def _leftovers() -> dict[str, list[str]]:
                 procs_left.append(f"{entry.name}: {cmd[:80]}")
     netns_dir = Path("/run/netns")
     mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()
-              if line.split()[4].startswith("/run/lcm-")]
+              if line.split()[4].startswith(("/run/lcm-", "/var/lib/labctl/machines/"))]
+    cgroups = [str(p) for p in Path("/sys/fs/cgroup").glob("**/labctl-m*") if p.is_dir()]
     return {"processes": procs_left,
             "netns": [n for n in (os.listdir(netns_dir) if netns_dir.is_dir() else []) if n.startswith("lcm-")],
             "links": [n for n in os.listdir("/sys/class/net") if n.startswith("lcm-")],
-            "mounts": mounts, "run": [n for n in os.listdir("/run") if n.startswith("lcm-")]}
+            "mounts": mounts, "cgroups": cgroups, "run": [n for n in os.listdir("/run") if n.startswith("lcm-")]}
 
 
 def test_stop_leaves_nothing_and_is_idempotent(machines):
@@ -186,7 +242,7 @@ def test_stop_leaves_nothing_and_is_idempotent(machines):
     t0 = time.monotonic()
     assert emulate.stop() is True
     print(f"stop in {time.monotonic() - t0:.1f} s")
-    assert _leftovers() == {"processes": [], "netns": [], "links": [], "mounts": [], "run": []}
+    assert _leftovers() == {"processes": [], "netns": [], "links": [], "mounts": [], "cgroups": [], "run": []}
     assert not record.exists() and not emulate.RECORD.exists()
     assert emulate.status() == {}
     assert emulate.stop() is False

@@ -121,3 +121,51 @@ def test_a_lab_is_refused_on_machines_it_cannot_reach(state_dir):
     with pytest.raises(InputError) as info:
         plan_for(loaded)
     assert "machine 'far' is another host (ssh://root@far)" in str(info.value)
+
+
+def test_a_default_delay_on_a_link_between_machines_is_refused_at_the_link():
+    text = LAB.replace("name: pl\n", "name: pl\ndefaults: {latency: 1ms}\n")
+    with pytest.raises(InputError) as info:
+        compile_plan(load_topology_text(text, "pl.yml"))
+    assert "runs between machines m2 and m1" in str(info.value) and info.value.where.key == "links[0]"
+
+
+def test_tunnel_ports_get_indexes_no_host_hands_out():
+    plan = compile_plan(load_topology_text(LAB, "pl.yml"))
+    by = {n.name: n for n in plan.nodes}
+    assert by["h1"].iface("r1").index == (1 << 30) + 0 and by["r1"].iface("h1").index == (1 << 30) + 1
+    assert by["h1"].iface("nvs1").index < 100            # a link on one machine keeps its veth index
+    indexes = [i.index for n in plan.nodes for i in n.interfaces]
+    assert len(indexes) == len(set(indexes))
+
+
+def test_each_lab_takes_a_free_block_of_vnis(state_dir):
+    from labctl.cluster.vxlan import VNI_FIRST, allocate
+    from labctl.state import all_labs, claim
+    a, b, c = (claim(n, {"lab": n}, None) for n in ("va", "vb", "vc"))
+    assert allocate(a, all_labs(), 24) == VNI_FIRST
+    assert allocate(b, all_labs(), 10) == VNI_FIRST + 24          # adjacent to a's block
+    a.write_state(vni_base=None)                                  # a went: its block is free again
+    assert allocate(c, all_labs(), 20) == VNI_FIRST                # fits in the gap a left
+    assert allocate(a, all_labs(), 30) == VNI_FIRST + 34           # does not fit there any more
+    b.write_state(vni_base="10000; rm -rf /")
+    with pytest.raises(Exception) as info:
+        allocate(c, all_labs(), 5)
+    assert "VNI block labctl did not write" in str(info.value)
+
+
+def test_the_cluster_record_is_checked_as_hostile_input(state_dir):
+    import json
+    from labctl.cluster import machines
+    from labctl.errors import LabError
+    state_dir.mkdir(parents=True, exist_ok=True)
+    for bad in ({"machines": {"m1": 1}}, {"machines": [{"name": "m1", "engine": "unix:///x", "address": 5}]},
+                {"machines": [{"name": "m1", "engine": "unix:///run/lcm-m1.sock", "address": "192.168.77.1",
+                               "netns": "other-lab-leaf1"}]}, ["m1"]):
+        machines.record_path().write_text(json.dumps(bad))
+        with pytest.raises(LabError):
+            machines.load()
+    # an emulated machine is on this kernel; any other unix socket is not taken for it
+    assert machines.Machine("m1", "unix:///run/lcm-m1.sock", "192.168.77.1", "lcm-m1").on_this_host
+    assert not machines.Machine("x", "unix:///tmp/forwarded.sock", "192.168.1.2").on_this_host
+    assert machines.Machine("h", "unix:///var/run/docker.sock", "192.168.1.1").on_this_host

@@ -158,9 +158,10 @@ class NetnsBackend(Backend):
                   f"`ip netns del {name}` removes it", file=sys.stderr)
         had_containers = bool(lab.journaled("container"))
         container_nodes.remove(lab)     # first: Docker stops what runs in them, and forgets them
+        services_left = []
         if lab.journaled("service"):
             from labctl.cluster import services
-            services.remove(lab)        # and Swarm, on every machine
+            services_left = services.remove(lab)        # and Swarm, on every machine
         inodes = {i for i in (nsutil.inode(n) for n in names) if i is not None}
         # only processes provably started by labctl (PID and start time, in this boot), and those
         # inside the lab's own namespaces: never a PID that was reused since
@@ -177,12 +178,17 @@ class NetnsBackend(Backend):
             # a process that was entering a namespace while we looked (`ip netns exec` setns-ing)
             # would keep it, and its veths, alive: look once more now that no one can enter
             nsutil.kill_all(nsutil.pids_in(inodes))
-        if not keep_record:
+        if not keep_record and not services_left:
             lab.remove()
         if had_containers:
             from labctl.containers import engine
             from labctl.state import all_labs
             engine.release_if_idle(container_nodes.labs_with_containers(all_labs(), but=lab.name))
+        if services_left:
+            # the journal is the only record of them: kept, so that `down` can finish the job
+            raise LabError(f"lab {lab.name}: everything on this host is removed, but {len(services_left)} of its "
+                           f"Swarm services are not ({', '.join(services_left[:3])})",
+                           f"`labctl down {lab.name}` again once its Swarm manager answers (`labctl cluster status`)")
         return removed
 
 

@@ -72,6 +72,8 @@ def cluster_emulate(count, subnet, stop_, images_, no_images):
     from labctl.lifecycle.labs import require_root
     require_root("labctl cluster emulate")
     if stop_:
+        from labctl.cluster.services import refuse_while_placed
+        refuse_while_placed("labctl cluster emulate --stop")
         t0 = time.monotonic()
         had = emulate.stop()
         out.print(f"the emulated machines are removed ({time.monotonic() - t0:.1f} s)" if had
@@ -218,6 +220,8 @@ def cluster_leave(name):
     from labctl.errors import LabError
     from labctl.lifecycle.labs import require_root
     require_root("labctl cluster leave")
+    from labctl.cluster.services import refuse_while_placed
+    refuse_while_placed(f"labctl cluster leave {name}", name)
     known = mrec.load()
     if name not in known:
         raise LabError(f"labctl knows no machine {name}", "`labctl cluster status` lists them")
@@ -245,6 +249,8 @@ def cluster_reset():
     from labctl.errors import LabError
     from labctl.lifecycle.labs import require_root
     require_root("labctl cluster reset")
+    from labctl.cluster.services import refuse_while_placed
+    refuse_while_placed("labctl cluster reset")
     try:
         known = mrec.load()
     except LabError as exc:          # an unreadable record: forgotten all the same

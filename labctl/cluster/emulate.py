@@ -46,7 +46,7 @@ _CHILDREN: dict[int, subprocess.Popen] = {}   # dockerds started by this process
 
 
 def netns(m: str) -> str:
-    return f"lcm-{m}"
+    return mrec.emulated_netns(m)
 
 
 def dockerd_args(m: str) -> list[str]:
@@ -235,7 +235,9 @@ def _start_dockerd(m: str, dockerd: str, ent: dict, rec: dict) -> str:
     argv = ["nsenter", f"--net={nsutil.path(netns(m))}", "--", "unshare", "--uts", "--",
             "/bin/sh", "-c", 'hostname "$0" && exec "$@"', m, dockerd, *dockerd_args(m)]
     # a task's image is never pulled (these machines reach no registry): only local images are used
-    env = {**os.environ, "DOCKER_SERVICE_PREFER_OFFLINE_IMAGE": "1"}
+    # nothing of the caller's environment (proxies, DOCKER_*, LD_*): the engine runs as a daemon would
+    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root",
+           "DOCKER_SERVICE_PREFER_OFFLINE_IMAGE": "1"}
     with open(RUN_DIR / f"lcm-{m}.log", "wb") as log:
         p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd="/", env=env,
                              start_new_session=True)

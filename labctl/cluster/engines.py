@@ -32,7 +32,14 @@ class Engines:
         if node.machine is None:
             from labctl.containers.nodes import _container
             return _container(client, node.container.name)
-        found = client.containers.list(filters={"label": f"com.docker.swarm.service.name={node.container.name}"})
+        found = client.containers.list(filters={"label": f"com.docker.swarm.service.name={node.container.name}",
+                                                "status": "running"})
+        if len(found) > 1:
+            raise LabError(f"node {node.name}: {len(found)} containers of its service run on machine {node.machine}",
+                           "take its lab down (`labctl status` names it) and up again")
+        if found:
+            from labctl.cluster.services import verified_pid
+            verified_pid(client, found[0].id, node)      # never enter a process labctl cannot vouch for
         return found[0] if found else None
 
     def engine_url(self, machine: str | None) -> str:

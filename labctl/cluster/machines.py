@@ -31,9 +31,11 @@ class Machine:
 
     @property
     def on_this_host(self) -> bool:
-        """Its kernel is this host's (an emulated machine, or this host's own engine): labctl reaches
-        its nodes' namespaces. An engine reached over TCP or SSH runs on another kernel."""
-        return self.engine.startswith("unix://")
+        """Its kernel is this host's, so labctl reaches its nodes' namespaces: a machine emulated here
+        (cluster/emulate.py), or this host's own engine at Docker's socket. Any other engine, even
+        one behind a unix socket (forwarded, rootless, in a VM), is taken for another kernel's."""
+        from labctl.containers.engine import SOCKET
+        return self.engine == (emulated_engine(self.name) if self.netns else f"unix://{SOCKET}")
 
     def check(self) -> "Machine":
         if not NAME_PATTERN.match(self.name):
@@ -42,12 +44,28 @@ class Machine:
         if not self.engine.startswith(ENGINE_SCHEMES):
             raise LabError(f"machine {self.name}: engine {self.engine!r} is not a Docker engine URL",
                            "give unix:///PATH, tcp://HOST:PORT or ssh://USER@HOST")
+        if self.netns is not None and (self.netns != emulated_netns(self.name)
+                                       or self.engine != emulated_engine(self.name)):
+            raise LabError(f"machine {self.name}: namespace {self.netns!r} and engine {self.engine} are not those "
+                           "of a machine labctl emulates", "`labctl cluster reset` forgets the record")
         try:
             ipaddress.IPv4Address(self.address)
         except ValueError:
             raise LabError(f"machine {self.name}: {self.address!r} is not an IPv4 address",
                            "give the machine's address on the network that joins the machines") from None
         return self
+
+
+def emulated_netns(name: str) -> str:
+    """The namespace of a machine cluster/emulate.py makes."""
+    return f"lcm-{name}"
+
+
+def emulated_engine(name: str) -> str:
+    return f"unix:///run/lcm-{name}.sock"
+
+
+FIELDS = {"name": str, "engine": str, "address": str, "netns": (str, type(None)), "manager": bool}
 
 
 def record_path() -> Path:
@@ -63,9 +81,15 @@ def load() -> dict[str, Machine]:
         return {}
     except (OSError, ValueError) as exc:
         raise LabError(f"{record_path()} cannot be read ({exc})", "`labctl cluster reset` forgets it") from None
+    bad = LabError(f"{record_path()} is not a record labctl wrote", "`labctl cluster reset` forgets it")
+    if not isinstance(raw, dict) or not isinstance(raw.get("machines", []), list):
+        raise bad
     out = {}
     for m in raw.get("machines", []):
-        machine = Machine(**{k: m[k] for k in ("name", "engine", "address", "netns", "manager") if k in m}).check()
+        if not isinstance(m, dict) or set(m) - set(FIELDS) or not {"name", "engine", "address"} <= set(m) \
+                or not all(isinstance(v, FIELDS[k]) for k, v in m.items()):
+            raise bad
+        machine = Machine(**m).check()
         out[machine.name] = machine
     return out
 

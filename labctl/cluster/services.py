@@ -84,7 +84,8 @@ def start(plan, lab, machines: dict, binds_of, progress=None) -> dict[str, int]:
 
 
 def _task_pid(manager, engine_client, node, deadline: float) -> int:
-    """The PID of the node's task container on its machine, once it runs."""
+    """The PID of the node's task container on its machine, once it runs, checked to be that
+    container's own process in a namespace of its own (verified_pid)."""
     name = node.container.name
     while True:
         tasks = manager.api.tasks(filters={"service": name})
@@ -94,12 +95,10 @@ def _task_pid(manager, engine_client, node, deadline: float) -> int:
             err = failed[0]["Status"].get("Err") or failed[0]["Status"].get("Message") or failed[0]["Status"]["State"]
             raise LabError(f"node {node.name}: its container did not start on machine {node.machine}: {err}",
                            f"is its image {node.container.image!r} on that machine? (`labctl cluster status`)")
-        if "running" in states:
-            found = engine_client.containers.list(filters={"label": f"com.docker.swarm.service.name={name}"})
-            if found:
-                pid = found[0].attrs["State"]["Pid"]
-                if pid:
-                    return pid
+        running = [t for t in tasks if t["Status"]["State"] == "running"]
+        cid = ((running[0]["Status"].get("ContainerStatus") or {}).get("ContainerID")) if running else None
+        if cid:
+            return verified_pid(engine_client, cid, node)
         if time.monotonic() > deadline:
             raise LabError(f"node {node.name}: its task is {', '.join(states) or 'not scheduled'} after "
                            f"{START_TIMEOUT_S} s (machine {node.machine})",
@@ -107,34 +106,90 @@ def _task_pid(manager, engine_client, node, deadline: float) -> int:
         time.sleep(0.1)
 
 
+def verified_pid(engine_client, container_id: str, node) -> int:
+    """The container's init PID as its machine's engine reports it, believed only if this kernel
+    agrees: the process sits in that container's cgroup, and its network namespace is neither
+    labctl's nor the machine's (the node's namespace is bound, cabled, and at `down` emptied of
+    processes: a PID an engine got wrong, or lied about, must never make that the host's)."""
+    import os
+    from labctl.cluster import machines
+    attrs = engine_client.api.inspect_container(container_id)
+    pid = attrs["State"]["Pid"]
+    why = None
+    try:
+        cgroups = open(f"/proc/{pid}/cgroup").read() if pid else ""
+        netns = os.stat(f"/proc/{pid}/ns/net").st_ino if pid else None
+    except OSError:
+        cgroups, netns = "", None
+    if not pid or attrs["Id"] != container_id or container_id not in cgroups:
+        why = f"PID {pid} is not in container {container_id[:12]}'s cgroup on this kernel"
+    elif netns == os.stat("/proc/self/ns/net").st_ino:
+        why = f"PID {pid}'s network namespace is this host's"
+    else:
+        machine = machines.load().get(node.machine)
+        if machine is not None and machine.netns:
+            from labctl.kernel import nsutil
+            if netns == os.stat(nsutil.path(machine.netns)).st_ino:
+                why = f"PID {pid}'s network namespace is machine {machine.name}'s own"
+    if why:
+        raise LabError(f"node {node.name}: its engine on machine {node.machine} reports a container labctl cannot "
+                       f"vouch for ({why})", "is that machine's engine on this host's kernel? "
+                       "(`labctl cluster status`)")
+    return pid
+
+
 def remove(lab) -> list[str]:
     """Remove the journaled services that are this lab's, and wait until their containers are gone
-    from every machine that answers (a machine that does not is reported: Swarm removes its
-    containers when it comes back). Returns the services removed."""
+    from every machine that answers (one that does not is named: Swarm removes its containers when
+    it comes back). Returns the services that could not be removed (the manager did not answer, or
+    refused): the caller keeps the lab's record, so that `down` can be run again."""
     names = lab.journaled("service")
     if not names:
         return []
     from labctl.cluster import machines as cluster
     from labctl.containers import nodes
     import sys
-    known = cluster.load()
     try:
+        known = cluster.load()
         manager = cluster.client(cluster.manager(known), timeout=30)
     except LabError as exc:
-        print(f"labctl: lab {lab.name}: its Swarm manager does not answer ({exc}); its services stay until "
-              "`labctl down` is run again once it answers", file=sys.stderr)
-        return []
-    removed = []
+        print(f"labctl: lab {lab.name}: its services cannot be removed now: {exc}", file=sys.stderr)
+        return names
+    left = []
     try:
         for name in names:
-            for svc in manager.services.list(filters={"name": name}):
-                if svc.name == name and (svc.attrs["Spec"].get("Labels") or {}).get(nodes.LAB_LABEL) == lab.name:
-                    svc.remove()
-                    removed.append(name)
+            try:
+                for svc in manager.services.list(filters={"name": name}):
+                    if svc.name == name and (svc.attrs["Spec"].get("Labels") or {}).get(nodes.LAB_LABEL) == lab.name:
+                        svc.remove()
+            except Exception as exc:      # the SDK's APIError, or the connection lost: try the rest
+                print(f"labctl: lab {lab.name}: service {name} not removed: {getattr(exc, 'explanation', exc)}",
+                      file=sys.stderr)
+                left.append(name)
     finally:
         manager.close()
-    _wait_gone(lab, known, set(names))
-    return removed
+    _wait_gone(lab, known, set(names) - set(left))
+    return left
+
+
+def refuse_while_placed(what: str, machine: str | None = None) -> None:
+    """`cluster leave/reset` and `emulate --stop` take machines away: never under a lab that has
+    nodes on them (its services are in its journal; `down` needs the machines to remove them)."""
+    from labctl.state import all_labs
+    placed = [lab.name for lab in all_labs() if lab.journaled("service")
+              and (machine is None or _places_on(lab, machine))]
+    if placed:
+        raise LabError(f"{what}: lab(s) {', '.join(placed)} run nodes on "
+                       + (f"machine {machine}" if machine else "these machines"),
+                       f"`labctl down {placed[0]}` first")
+
+
+def _places_on(lab, machine: str) -> bool:
+    try:
+        from labctl.plan.model import LabPlan
+        return any(n.machine == machine for n in LabPlan.from_lab_dir(lab.path).nodes)
+    except (OSError, ValueError, KeyError):
+        return True            # a record that cannot be read: assume it does
 
 
 def _wait_gone(lab, known: dict, names: set[str], timeout: float = 60) -> None:

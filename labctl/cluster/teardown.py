@@ -214,7 +214,8 @@ def _cgroup_dirs(m: str) -> list[Path]:
         ctrls = [e for e in CGROUP_ROOT.iterdir() if e.is_dir()]
     except OSError:
         return []
-    return [c / f"labctl-{m}" for c in ctrls if (c / f"labctl-{m}").is_dir()]
+    # cgroup v1: one tree per controller (/sys/fs/cgroup/cpu/labctl-mN ...); v2: one tree
+    return [c / f"labctl-{m}" for c in [CGROUP_ROOT, *ctrls] if (c / f"labctl-{m}").is_dir()]
 
 
 def remove_machine(m: str, ent: dict, data_root: Path, failures: list[str]) -> None:

@@ -18,7 +18,7 @@ import os
 from labctl.errors import LabError
 
 PORT = 14789          # containerlab's: clear of 4789, which Swarm's own overlay data path uses
-VXLAN_OVERHEAD = 50   # outer Ethernet 14 + IPv4 20 + UDP 8 + VXLAN 8
+VXLAN_OVERHEAD = 50   # what the underlay carries beyond the port's MTU: inner Ethernet 14, IPv4 20, UDP 8, VXLAN 8
 VNI_FIRST = 10000
 VNI_LAST = (1 << 24) - 1
 
@@ -30,8 +30,14 @@ def allocate(lab, labs, count: int) -> int:
         if other.name == lab.name:
             continue
         st = other.read_state()
-        if st.get("vni_base") is not None:
-            taken.append((st["vni_base"], st["vni_base"] + st.get("vni_count", 0)))
+        base, count_ = st.get("vni_base"), st.get("vni_count", 0)
+        if base is None:
+            continue
+        if not (isinstance(base, int) and isinstance(count_, int) and VNI_FIRST <= base <= VNI_LAST
+                and 0 <= count_ <= VNI_LAST):
+            raise LabError(f"lab {other.name}'s record holds a VNI block labctl did not write ({base!r}, {count_!r})",
+                           f"`labctl down {other.name}`, or remove its record if it is not a lab of yours")
+        taken.append((base, base + count_))
     base = VNI_FIRST
     for lo, hi in sorted(taken):
         if base + count <= lo:

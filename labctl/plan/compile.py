@@ -264,12 +264,26 @@ def steering(b: Build) -> None:
     te.assign(b.nodes, b.topo, b.smap)
 
 
+TUNNEL_INDEX = 1 << 30
+
+
 def tunnels(b: Build) -> None:
-    """A link between two machines (placement.py) is a point-to-point VXLAN between them."""
+    """A link between two machines (placement.py) is a point-to-point VXLAN between them. Its
+    ports get ifindexes far above any a host hands out: a kernel before 6.14 checks a requested
+    index against the *sender's* namespace, which for a VXLAN is the machine's own (where its UDP
+    socket lives), whose devices have low indexes."""
     for link in b.links:
         a, z = (b.nodes[n].machine for n in link.nodes)
-        if a != z:
-            link.machines = [a, z]
+        if a == z:
+            continue
+        if link.wire is not None:
+            raise InputError(b.smap.where(("links", link.id)), f"link {link.a} -- {link.b} runs between machines "
+                             f"{a} and {z}, and its delay, loss, jitter or encryption (its own, or the lab's "
+                             "defaults:) is made by a line process that needs both ends on one machine",
+                             "place both ends on one machine (placement:), or give this link `latency: 0`")
+        link.machines = [a, z]
+        for end, (node, ifname) in enumerate(link.ends):
+            b.nodes[node].iface(ifname).index = TUNNEL_INDEX + 2 * link.id + end
 
 
 PASSES = (("pools", pools), ("nodes", nodes), ("placement", placement.place), ("ranks", ranks), ("loopbacks", loopbacks),

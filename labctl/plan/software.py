@@ -23,7 +23,9 @@ SYSTEM_TREES = ("/etc", "/proc", "/sys", "/dev", "/boot", "/root")
 RUNTIME_SOCKETS = ("docker.sock", "containerd.sock", "podman.sock", "crio.sock", "dockershim.sock",
                    "cri-dockerd.sock", "buildkitd.sock")
 RUNTIME_DIRS = ("/run/docker", "/var/run/docker", "/run/containerd", "/var/run/containerd", "/run/podman",
-                "/var/lib/docker", "/var/lib/containerd")
+                "/var/lib/docker", "/var/lib/containerd", "/var/lib/labctl/machines")
+# the engines of machines labctl emulates (cluster/emulate.py): /run/lcm-m1.sock, /run/lcm-m1/...
+EMULATED_ENGINES = ("/run/lcm-", "/var/run/lcm-")
 
 
 def container_name(lab: str, node: str) -> str:
@@ -123,7 +125,8 @@ def _refuse_dangerous(path: str, where, text: str) -> None:
         raise InputError(where, f"the bind {text!r} mounts the host's {path if path == '/' else path.split('/')[1]}"
                          " tree: a node holding it holds the host", "bind a file of the lab's own directory instead "
                          "(e.g. ./frr.conf:/etc/frr/frr.conf:ro); labctl refuses this even with --trust")
-    if name in RUNTIME_SOCKETS or any(path == d or path.startswith(d + "/") for d in RUNTIME_DIRS):
+    if name in RUNTIME_SOCKETS or any(path == d or path.startswith(d + "/") for d in RUNTIME_DIRS) \
+            or path.startswith(EMULATED_ENGINES):
         raise InputError(where, f"the bind {text!r} hands a container runtime ({path}) to the node: whoever "
                          "runs in it can start containers as root on this machine",
                          "remove it; labctl refuses a runtime's socket or state even with --trust")
