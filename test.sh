@@ -11,7 +11,7 @@ if [ "${1:-}" = "--vm" ]; then
   shift
   exec "$here/vm/test-vm.sh" "$@"
 fi
-[ -n "${LABCTL_INSTALLED:-}" ] || "$here/install.sh"     # .ci/run has run it already
+"$here/install.sh"
 cd "$here"
 # Two parts. First every test without the solo mark, on two workers (pytest-xdist; tests/conftest.py
 # keeps a module, and modules sharing the Docker engine or Mininet, on one worker). Then the solo

@@ -11,10 +11,6 @@
 #                            one guest, each kept under LABCTL_VM_KEEP as EXPERIMENT-K.tar.gz, and
 #                            a tally of passes: for a step that passes or fails from run to run
 #   LABCTL_VM_KEEP=DIR       keep each experiment's directory from the guest in DIR, passed or failed
-#   LABCTL_VM_IDLE_WHILE=FILE boot on idle CPU only while FILE exists (SCHED_IDLE: the box, libvirtd
-#                            and the guest take no CPU that other work wants), then run the guest
-#                            steps at normal priority once FILE is gone: CI boots the VM during the
-#                            host's tests (.ci/run)
 #
 # Installs Vagrant, vagrant-libvirt, libvirt and QEMU if missing. libvirtd and virtlogd are started
 # here, in a network namespace of their own (their bridge, dnsmasq and NAT stay out of the host's),
@@ -35,12 +31,6 @@ case "${1:-}" in
   *) echo "test-vm.sh: unknown option $1 (try --help)" >&2; exit 2 ;;
 esac
 [ "$(id -u)" -eq 0 ] || { echo "test-vm.sh: run as root (sudo $0)" >&2; exit 1; }
-idle_while=${LABCTL_VM_IDLE_WHILE:-}
-if [ -n "$idle_while" ]; then
-  chrt --idle -p 0 $$            # inherited by everything started from here: apt, vagrant, libvirtd, qemu
-  # an emulated guest on idle CPU boots as slowly as the host is busy
-  export LABCTL_VM_BOOT_TIMEOUT=${LABCTL_VM_BOOT_TIMEOUT:-3600}
-fi
 say() { printf '\033[1m==> [vm %s] %s\033[0m\n' "$(date +%T)" "$*"; }
 t_start=$(date +%s)
 
@@ -168,16 +158,6 @@ if ! up; then
   fi
 fi
 say "vagrant up in $(( $(date +%s) - t )) s"
-if [ -n "$idle_while" ]; then
-  t=$(date +%s)
-  while [ -e "$idle_while" ]; do sleep 2; done
-  # the guest steps time what they run: from here the guest, its daemons and this script run as
-  # any other work does (threads started at SCHED_IDLE stay so until told: every thread is told)
-  for pid in $$ $(pgrep -x libvirtd) $(pgrep -x virtlogd) $(pgrep -f '^/usr/bin/qemu-system'); do
-    chrt --other -a -p 0 "$pid" 2>/dev/null || true
-  done
-  say "waited $(( $(date +%s) - t )) s for the host's tests; the guest now runs at normal priority"
-fi
 
 failed=()
 step() {   # a guest step: timed, and a failure is recorded so that every step runs and is reported
