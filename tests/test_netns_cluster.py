@@ -143,6 +143,9 @@ def test_the_bgp_leaf_spine_runs_across_three_machines(machines, tmp_path):
             assert counters[(iface.peer_node, iface.peer_iface)]["pfc_rx"] == sent, (node, port)
         print(f"pauses across machines: {paused}")
 
+        shown = {n["name"]: n for n in labmod.status(lab)["nodes"]}      # what `labctl status` prints
+        assert shown["srv1-gpu0"]["machine"] == "m2"
+        assert {p["name"]: p["vxlan_to"] for p in shown["srv1-gpu0"]["interfaces"]} == {"leaf1": "m1", "srv1-nvs": None}
         # each VXLAN's UDP socket is in its machine's namespace (m1 holds 8 ends, m2 and m3 4 each)
         assert {m: _vxlan_sockets(m) for m in machines} == {"m1": 1, "m2": 1, "m3": 1}
 

@@ -52,7 +52,9 @@ def status(lab, as_json):
         first = True
         for p in n["interfaces"]:
             kind = n["kind"] + (f" ({n['image']})" if n.get("image") else "")   # a container node's image
-            t.add_row(n["name"] if first else "", kind if first else "", p["name"], p["address"], p["peer"],
+            kind += f" on {n['machine']}" if n.get("machine") else ""
+            peer = p["peer"] + (f" (VXLAN to {p['vxlan_to']})" if p.get("vxlan_to") else "")
+            t.add_row(n["name"] if first else "", kind if first else "", p["name"], p["address"], peer,
                       p["state"] if n["present"] else "[red]missing[/]", str(p.get("tx_bytes", "")),
                       str(p.get("rx_bytes", "")))
             first = False

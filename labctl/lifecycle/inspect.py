@@ -28,12 +28,14 @@ def status(lab: state.LabDir) -> dict:
         ports = []
         for i in node.interfaces:
             info = live.get(i.name, {})
+            link = plan.links[i.link]
             ports.append({"name": i.name, "address": i.address, "peer": f"{i.peer_node}:{i.peer_iface}",
+                          "vxlan_to": plan.node(i.peer_node).machine if link.machines else None,
                           "fabric": i.fabric, "rate_bps": i.shaping.rate_bps,
                           "state": OPERSTATE.get(info.get("operstate"), "absent") if live else "unknown",
                           **{k: info.get(k) for k in rtnl.STATS_FIELDS if k in info}})
         nodes.append({"name": node.name, "kind": node.kind, "namespace": node.namespace, "present": present,
-                      "image": node.container.image if node.container else None,
+                      "image": node.container.image if node.container else None, "machine": node.machine,
                       "loopback": node.loopback, "rank": node.rank, "interfaces": ports})
     return {"lab": plan.lab, "status": st.get("status"), "topology_file": st.get("topology_file"),
             "dilation": plan.dilation, "nodes": nodes, "helpers": helpers(lab)}
