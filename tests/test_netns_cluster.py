@@ -220,6 +220,48 @@ placement: {h1: m1, r1: m2, h2: m3}
     assert not state.lab_dir(name).path.exists()
 
 
+def test_a_machine_away_at_down_is_named_and_cleaned_when_it_comes_back(machines, capsys):
+    """m3 goes down with a node of the lab on it; `down` removes the rest, names m3, and the record
+    goes (the manager removed every service). When m3 comes back, its Swarm agent removes the
+    container the manager no longer wants: nothing of the lab is left on any machine."""
+    from labctl import lifecycle as labmod
+    from labctl import state
+    from labctl.topology.load import load_topology_text
+    name = "lt-swarmaway"
+    text = f"""
+name: {name}
+nodes:
+  h1: {{kind: host}}
+  r1: {{kind: switch, fabric: backend}}
+  h2: {{kind: host}}
+links:
+  - endpoints: [h1, r1]
+  - endpoints: [r1, h2]
+placement: {{h1: m1, r1: m2, h2: m3}}
+"""
+    labmod.build(load_topology_text(text, "away.yml"))
+    flt = {"label": f"labctl.lab={name}"}
+    try:
+        emulate.halt("m3")
+        capsys.readouterr()
+        labmod.down(name)
+        assert "machine m3 does not answer" in capsys.readouterr().err
+        assert not state.lab_dir(name).path.exists()
+        assert not [ns for ns in os.listdir("/run/netns") if ns.startswith(name + "-")]
+    finally:
+        emulate.resume("m3")
+    swarm.wait_ready(machines["m1"], 3)
+    for m in machines.values():
+        c = mrec.client(m)
+        try:
+            deadline = time.monotonic() + 60
+            while c.api.containers(all=True, filters=flt):
+                assert time.monotonic() < deadline, (m.name, c.api.containers(all=True, filters=flt))
+                time.sleep(0.5)
+        finally:
+            c.close()
+
+
 def _leftovers() -> dict[str, list[str]]:
     procs_left = []
     for entry in os.scandir("/proc"):

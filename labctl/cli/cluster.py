@@ -60,7 +60,11 @@ def _progress():
               help="copy this image from this host's engine into every machine (labctl's are built first if "
                    "missing); repeatable")
 @click.option("--no-images", is_flag=True, help="copy no image")
-def cluster_emulate(count, subnet, stop_, images_, no_images):
+@click.option("--halt", metavar="MACHINE", help="take one machine away, as if it went down: its engine stops, "
+              "and every container on it (its namespace and Swarm state stay for --resume)")
+@click.option("--resume", metavar="MACHINE", help="bring a halted machine back: its engine starts, rejoins the "
+              "Swarm, and removes what the manager removed meanwhile")
+def cluster_emulate(count, subnet, stop_, images_, no_images, halt, resume):
     """Emulate COUNT machines (default 3) on this host and join them in one Swarm.
 
     Machine mN is the network namespace lcm-mN, cabled to the bridge lcm-underlay, running its
@@ -71,6 +75,11 @@ def cluster_emulate(count, subnet, stop_, images_, no_images):
     from labctl.cluster import emulate
     from labctl.lifecycle.labs import require_root
     require_root("labctl cluster emulate")
+    if halt or resume:
+        (emulate.halt if halt else emulate.resume)(halt or resume)
+        out.print(f"machine {halt} is away (`--resume {halt}` brings it back)" if halt else
+                  f"machine {resume} is back", highlight=False)
+        return
     if stop_:
         from labctl.cluster.services import refuse_while_placed
         refuse_while_placed("labctl cluster emulate --stop")

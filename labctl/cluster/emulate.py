@@ -312,6 +312,41 @@ def _stop_locked() -> bool:
     return True
 
 
+def halt(m: str) -> None:
+    """Take machine `m` away, as a machine that goes down: its engine stops, and every container
+    it runs with it. Its namespace, address and data root stay, so that resume() brings it back
+    with its Swarm state (what a real machine that reboots keeps)."""
+    with _locked():
+        rec, ent = _entry(m)
+        failures: list[str] = []
+        teardown.stop_processes([(m, ent)], STOP_TIMEOUT_S, _CHILDREN, failures)
+        ent["dockerd"] = ent["containerd"] = None
+        _save(rec)
+        if failures:
+            raise LabError(f"halting machine {m} left: " + "; ".join(failures), STOP_FIX)
+
+
+def resume(m: str) -> None:
+    """Bring machine `m` back after halt(): its engine starts again on its data root, and its Swarm
+    agent rejoins (and carries out what the manager decided meanwhile)."""
+    with _locked():
+        rec, ent = _entry(m)
+        if ent.get("dockerd") and procs.verified(ent["dockerd"]):
+            return
+        ent["dockerd"] = _start_dockerd(m, shutil.which("dockerd") or "dockerd", ent, rec)
+        _wait_engine(m, ent)
+        _save(rec)
+
+
+def _entry(m: str) -> tuple[dict, dict]:
+    """The emulation's record and machine m's entry in it."""
+    rec = _load() or {}
+    ent = (rec.get("machines") or {}).get(m)
+    if not MACHINE_RE.fullmatch(m) or not isinstance(ent, dict):
+        raise LabError(f"machine {m} is not emulated here", "`labctl cluster status` lists the machines")
+    return rec, ent
+
+
 def status() -> dict[str, dict]:
     """The emulated machines: their engine, address, and whether namespace and dockerd are alive."""
     rec = _load() or {}
