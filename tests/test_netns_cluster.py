@@ -128,7 +128,14 @@ def test_the_bgp_leaf_spine_runs_across_three_machines(machines, tmp_path):
         assert pairs == 80 and not failed, failed[:3]
         doc = run_workload(plan, lab, load_workload(ROOT / "workloads" / "allreduce.yml"), tmp_path / "ar")
         assert all(r["wrong"] == 0 for r in doc["results"]) and doc["loss_ledger"]["total"] == 0
+        # a capture on a sender's cross-machine port (srv2-gpu0 on m3 sends to srv1-gpu0 on m2 through
+        # leaf1 on m1): the RoCE frames it sent and the pauses that crossed to it
+        from labctl.lifecycle.capture import Capture
+        tapped = ("srv2-gpu0", "leaf1")
+        rx_before = {(p["node"], p["port"]): p["pfc_rx"] for p in agentreport.load(lab.path)["ports"]}.get(tapped, 0)
+        cap = Capture(plan, ":".join(tapped), tmp_path / "gpu.pcapng")
         doc = run_workload(plan, lab, load_workload(ROOT / "workloads" / "incast.yml"), tmp_path / "incast")
+        pcap = cap.stop()
         rx = [q for c in doc["counters"].values() for q in c["rx"]]
         assert doc["results"][0]["wrong"] == 0 and sum(q["gaps"] for q in rx) == 0
         assert doc["loss_ledger"]["total"] == 0 and doc["loss_ledger"]["lossless_drops"] == 0, doc["loss_ledger"]
@@ -142,6 +149,15 @@ def test_the_bgp_leaf_spine_runs_across_three_machines(machines, tmp_path):
             # sent by an agent on one machine, counted by an agent on another: the same frames
             assert counters[(iface.peer_node, iface.peer_iface)]["pfc_rx"] == sent, (node, port)
         print(f"pauses across machines: {paused}")
+        import subprocess
+        fields = subprocess.run(["tshark", "-r", str(pcap), "-T", "fields", "-e", "eth.type", "-e", "udp.dstport"],
+                                capture_output=True, text=True, check=True).stdout.split("\n")
+        roce = sum(1 for f in fields if f.endswith("\t4791"))
+        pfc = sum(1 for f in fields if f.startswith("0x8808"))
+        # dumpcap may miss a frame under load: 1% of what the GPU's agent counted is allowed
+        rx = counters[tapped]["pfc_rx"] - rx_before
+        assert roce > 100 and rx > 0 and 0.99 * rx <= pfc <= rx, (roce, pfc, rx)
+        print(f"captured on {tapped} (VXLAN): {roce} RoCE frames, {pfc} of the {rx} pauses its agent counted")
 
         shown = {n["name"]: n for n in labmod.status(lab)["nodes"]}      # what `labctl status` prints
         assert shown["srv1-gpu0"]["machine"] == "m2"
