@@ -200,7 +200,8 @@ def _placed_nodes(plan: LabPlan, lab: LabDir, progress: Progress, build_images: 
         return {}
     from labctl.cluster import images, machines, services
     known = machines.load()
-    source, started = images.default_images_client(sorted({n.container.image for n in placed}), progress)
+    source, started = images.default_images_client(sorted({n.container.image for n in placed}), progress,
+                                                   build_images)
     try:
         for name in sorted({n.machine for n in placed}):
             images.ensure_images(known[name], sorted({n.container.image for n in placed if n.machine == name}),

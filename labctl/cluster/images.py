@@ -65,15 +65,16 @@ def ensure_images(machine: Machine, images: list[str], source_client, progress=N
         target.close()
 
 
-def default_images_client(wanted: list[str], progress=None):
+def default_images_client(wanted: list[str], progress=None, build: bool = True):
     """A client of this host's default engine holding `wanted` (labctl's images are built there
-    if missing), and whether the engine was started for this (the caller releases it then)."""
+    if missing, unless `build` is False: `up --no-build` refuses with the command to run), and
+    whether the engine was started for this (the caller releases it then)."""
     from labctl.containers import engine
     from labctl.containers import images as builder
     had = engine.answering()
     c = engine.ensure(auto=True, progress=progress)
     try:
-        builder.ensure_present(c, wanted, build=True, progress=progress)
+        builder.ensure_present(c, wanted, build=build, progress=progress)
     except BaseException:
         c.close()
         release_default(not had)
