@@ -95,11 +95,22 @@ if [ -d "$wheels" ]; then
   # the guide is built on the host, not in a guest: the wheelhouse carries the test extra only
   pip_from=(--no-index --find-links "$wheels")
   extras=test
-  say "installing labctl into $here/.venv from the wheelhouse $wheels"
-else
-  say "installing labctl into $here/.venv"
 fi
-"$here/.venv/bin/python" -m pip install -q --disable-pip-version-check "${pip_from[@]}" -e "$here[$extras]"
+# The install is editable, so a change to labctl's code needs no new install; one to pyproject.toml
+# (dependencies, entry points) does. The stamp records what was installed, and a second run with the
+# same pyproject.toml skips pip (a minute under an emulated CPU). --no-compile: Python compiles a
+# module when it is first imported, instead of pip compiling every module of every dependency
+# (most of a fresh install's time, and under an emulated CPU minutes of it).
+stamp="$here/.venv/.labctl-install"
+want="$(sha256sum "$here/pyproject.toml" | cut -d' ' -f1) [$extras] ${pip_from[*]}"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$here/.venv/bin/labctl" --version >/dev/null 2>&1; then
+  say "labctl already installed in $here/.venv (editable, and pyproject.toml unchanged since)"
+else
+  say "installing labctl into $here/.venv${pip_from:+ from the wheelhouse $wheels}"
+  rm -f "$stamp"
+  "$here/.venv/bin/python" -m pip install -q --disable-pip-version-check --no-compile "${pip_from[@]}" -e "$here[$extras]"
+  printf '%s\n' "$want" >"$stamp"
+fi
 ln -sf "$here/.venv/bin/labctl" /usr/local/bin/labctl
 say "labctl $("$here/.venv/bin/labctl" --version | awk '{print $NF}') installed as /usr/local/bin/labctl"
 
