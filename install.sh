@@ -144,7 +144,7 @@ if [ "$demo" -eq 1 ]; then
   say "labctl pingall $lab"
   labctl pingall "$lab"
   say "labctl route srv1-gpu0 srv2-gpu1 (four UDP source ports, as ECMP spreads them)"
-  for sport in 49152 49153 49154 49155; do labctl route srv1-gpu0 srv2-gpu1 --lab "$lab" --sport "$sport"; done
+  labctl route srv1-gpu0 srv2-gpu1 --lab "$lab" --sport 49152 --sport 49153 --sport 49154 --sport 49155
   say "labctl status $lab"
   COLUMNS=${COLUMNS:-140} labctl status "$lab"
   say "labctl run workloads/allreduce.yml (ring all-reduce of $sizes over the 8 GPUs, as RoCEv2)"

@@ -72,6 +72,11 @@ def test_cli_up_status_route_exec_down(state_dir, lab_name):
         assert len(s["nodes"]) == 16 and all(p["state"] == "up" for n in s["nodes"] for p in n["interfaces"])
         r = labctl("route", "srv1-gpu0", "srv2-gpu1", "--lab", lab_name, "--sport", "49152", env=env)
         assert r.returncode == 0 and "srv1-gpu0 (leaf1) -> leaf1 (spine" in r.stdout, r.stdout + r.stderr
+        one = r.stdout.splitlines()
+        # several --sport: one path each, in the order given, each as a single --sport traces it
+        r = labctl("route", "srv1-gpu0", "srv2-gpu1", "--lab", lab_name, "--sport", "49153", "--sport", "49152", env=env)
+        two = r.stdout.splitlines()
+        assert r.returncode == 0 and len(two) == 2 and two[0].startswith("udp sport 49153 ") and two[1:] == one, two
         r = labctl("exec", "srv1-gpu0", "--lab", lab_name, "--", "ip", "-br", "addr", env=env)
         assert "10.1.0.17/31" not in r.stdout and "10.1.0.16/31" in r.stdout
         r = labctl("graph", lab_name, "--format", "dot", env=env)

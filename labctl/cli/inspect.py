@@ -89,18 +89,19 @@ def exec_(node, command, lab_name):
 @click.argument("node")
 @click.argument("dest")
 @click.option("--lab", "lab_name", help="the lab (needed when several are up)")
-@click.option("--sport", type=click.IntRange(0, 65535), default=49152, show_default=True,
-              help="UDP source port of the flow (RoCEv2 derives it from the QP pair)")
+@click.option("--sport", "sports", type=click.IntRange(0, 65535), multiple=True, default=[49152], show_default=True,
+              help="UDP source port of the flow (RoCEv2 derives it from the QP pair); give it again for more flows")
 @click.option("--dport", type=click.IntRange(0, 65535), default=4791, show_default=True,
               help="UDP destination port (4791 = RoCEv2)")
 @click.option("--qp", type=click.IntRange(0, 7), default=0, show_default=True,
               help="which QP of the pair the packets belong to: their BTH destination QP, which ecmp-qp hashes")
 @click.option("--dscp", type=click.IntRange(0, 63), default=None,
               help="the packets' DSCP, which te: rules match (default: 26, RoCE data, to port 4791; else 0)")
-def route(node, dest, lab_name, sport, dport, qp, dscp):
+def route(node, dest, lab_name, sports, dport, qp, dscp):
     """Show the path a UDP flow takes, hop by hop, as each switch's ECMP hash decides it.
 
-    DEST is a node name or an address. Try several --sport values to see flows spread over spines.
+    DEST is a node name or an address. Give several --sport values to see flows spread over spines,
+    one line per flow.
     On kernels before 6.11 the switches place packets by labctl's own seeded hash (see `labctl
     doctor`): this command computes it, where `ip route get` inside a switch would not. In a lab
     with lb: (docs/load-balancing.md) each router that chose among next hops says why, in its
@@ -111,19 +112,20 @@ def route(node, dest, lab_name, sport, dport, qp, dscp):
     \b
     Example:
       sudo labctl route srv1-gpu0 srv2-gpu1 --sport 49152
-      sudo labctl route srv1-gpu0 srv2-gpu1 --sport 49153
+      sudo labctl route srv1-gpu0 srv2-gpu1 --sport 49152 --sport 49153 --sport 49154
       sudo labctl route srv1-gpu0 srv2-gpu1 --qp 1
     """
     from labctl import lifecycle as labmod
     p = labmod.load_plan(labmod.default_lab(lab_name))
     dqpn = labmod.dest_qp(p, node, dest, qp)
-    hops = labmod.trace_path(p, node, dest, sport, dport, qp=dqpn, dscp=dscp)
-    path = " -> ".join(h["node"] + (f" ({h['out']})" if h["out"] else "") for h in hops)
-    qp_text = f" qp {qp} (BTH dest QP {dqpn:#08x})" if any(h.get("why") and not h.get("te") for h in hops) else ""
-    click.echo(f"udp sport {sport} dport {dport}{qp_text}: {path}")
-    for h in hops:
-        if h.get("why"):
-            click.echo(f"  {h['why']}")
+    for sport in sports:
+        hops = labmod.trace_path(p, node, dest, sport, dport, qp=dqpn, dscp=dscp)
+        path = " -> ".join(h["node"] + (f" ({h['out']})" if h["out"] else "") for h in hops)
+        qp_text = f" qp {qp} (BTH dest QP {dqpn:#08x})" if any(h.get("why") and not h.get("te") for h in hops) else ""
+        click.echo(f"udp sport {sport} dport {dport}{qp_text}: {path}")
+        for h in hops:
+            if h.get("why"):
+                click.echo(f"  {h['why']}")
 
 
 @cli.command()
