@@ -55,7 +55,11 @@ def assert_nothing_left(name: str, lab: state.LabDir, pids: list[str], shells_be
 
 @pytest.fixture(scope="module")
 def twins(tmp_path_factory):
-    """The bundled leaf-spine twice: by the netns backend and by the mininet backend."""
+    """The bundled leaf-spine twice: by the netns backend and by the mininet backend.
+
+    Both with the ECMP draw that puts the ring's two fabric hops on two spines (hash_seed=7, as in
+    test_netns_traffic.py): with the default draw both rings run at half rate behind one shared
+    spine link, which hides what each backend costs the agents and takes twice as long."""
     require_root()
     assert mininet_backend.available() is None, mininet_backend.available()
     names = {b: f"lt{uuid.uuid4().hex[:6]}" for b in ("netns", "mininet")}
@@ -63,7 +67,8 @@ def twins(tmp_path_factory):
     with module_state_dir(tmp_path_factory):
         try:
             for backend, name in names.items():
-                made[backend] = labmod.up(str(ROOT / "topologies" / "leaf-spine.yml"), name=name, backend=backend)[:2]
+                made[backend] = labmod.up(str(ROOT / "topologies" / "leaf-spine.yml"), ["hash_seed=7"], name=name,
+                                          backend=backend)[:2]
             yield made
         finally:
             take_down(names.values())
