@@ -98,7 +98,8 @@ if [ -d "$wheels" ]; then
 fi
 # The install is editable, so a change to labctl's code needs no new install; one to pyproject.toml
 # (dependencies, entry points) does. The stamp records what was installed, and a second run with the
-# same pyproject.toml skips pip (a minute under an emulated CPU). --no-compile: Python compiles a
+# same pyproject.toml skips pip (a minute under an emulated CPU; delete .venv/.labctl-install to
+# install again anyway, e.g. after removing a package from the venv). --no-compile: Python compiles a
 # module when it is first imported, instead of pip compiling every module of every dependency
 # (most of a fresh install's time, and under an emulated CPU minutes of it).
 stamp="$here/.venv/.labctl-install"
