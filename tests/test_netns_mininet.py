@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import lab_namespaces, module_state_dir, require_root, take_down
+from conftest import RING_SEED, lab_namespaces, module_state_dir, require_root, take_down
 from labctl import exports, procs, state
 from labctl import lifecycle as labmod
 from labctl.backends import mininet as mininet_backend
@@ -57,7 +57,7 @@ def assert_nothing_left(name: str, lab: state.LabDir, pids: list[str], shells_be
 def twins(tmp_path_factory):
     """The bundled leaf-spine twice: by the netns backend and by the mininet backend.
 
-    Both with the ECMP draw that puts the ring's two fabric hops on two spines (hash_seed=7, as in
+    Both with the ECMP draw that puts the ring's two fabric hops on two spines (conftest.RING_SEED, as in
     test_netns_traffic.py): with the default draw both rings run at half rate behind one shared
     spine link, which hides what each backend costs the agents and takes twice as long."""
     require_root()
@@ -67,7 +67,7 @@ def twins(tmp_path_factory):
     with module_state_dir(tmp_path_factory):
         try:
             for backend, name in names.items():
-                made[backend] = labmod.up(str(ROOT / "topologies" / "leaf-spine.yml"), ["hash_seed=7"], name=name,
+                made[backend] = labmod.up(str(ROOT / "topologies" / "leaf-spine.yml"), [RING_SEED], name=name,
                                           backend=backend)[:2]
             yield made
         finally:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import lab_namespaces, module_state_dir, require_root
+from conftest import RING_SEED, lab_namespaces, module_state_dir, require_root
 from labctl import lifecycle as labmod
 from labctl import state
 from labctl import backends
@@ -26,11 +26,8 @@ from labctl.traffic.workload import load_workload
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.netns
 MB = 1_000_000
-# The ECMP draw under which the ring's two fabric hops (srv1-gpu3 -> srv2-gpu0, srv2-gpu3 -> srv1-gpu0,
-# both leaf4 -> leaf1) take different spines under both hashes, the kernel's (6.11+) and labctl's
-# (before 6.11): seeds 1, 3 and 9 put them on one under both, and a lossy ring then drops at that
-# uplink. ring_spines() checks the premise on the lab's own routes.
-RING_SEED = "hash_seed=7"
+# RING_SEED (conftest): the draw that puts the ring's two fabric hops on two spines; ring_spines()
+# checks that premise on the lab's own routes.
 
 
 def ring_spines(plan) -> list[str]:
