@@ -28,7 +28,7 @@ LAYERS = [
     {"traffic"},
     {"lifecycle"},
     {"experiment", "exports", "estimate"},
-    {"doctor", "cli", "api", "__main__", "__init__"},
+    {"doctor", "probe", "cli", "api", "__main__", "__init__"},
 ]
 LAYER_OF = {name: k for k, names in enumerate(LAYERS) for name in names}
 
