@@ -10,7 +10,7 @@ import pytest
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 
-from labctl.kernel import ecnpath
+from labctl.kernel import ecnpath, ecnprog
 from labctl.plan import qos
 from tests.bpfvm import ArrayMap, Skb, Vm
 
@@ -18,7 +18,7 @@ MAP = 5
 CLASSES = {26: 3, 48: 6}
 PORT = 1                       # the port's place on its node: slots 8..15
 IFINDEX = 1                    # bpfvm's skb->ifindex
-BASES = {7: 0, IFINDEX: PORT * ecnpath.CLASSES}
+BASES = {7: 0, IFINDEX: PORT * ecnprog.CLASSES}
 KMIN, KMAX, PMAX = 100_000, 400_000, 0.2
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,20 +29,20 @@ def frame(tos: int) -> bytes:
 
 
 def slot(m: ArrayMap, tc: int) -> bytearray:
-    return m.values[PORT * ecnpath.CLASSES + tc]
+    return m.values[PORT * ecnprog.CLASSES + tc]
 
 
 def with_depth(depth: int, on: bool = True, tc: int = 3) -> ArrayMap:
-    m = ArrayMap(2 * ecnpath.CLASSES, ecnpath.VALUE)
+    m = ArrayMap(2 * ecnprog.CLASSES, ecnprog.VALUE)
     for k in range(len(m.values)):
-        m.values[k][ecnpath.KMIN:ecnpath.MARKS] = ecnpath.profile(KMIN, KMAX, PMAX, on)
+        m.values[k][ecnprog.KMIN:ecnprog.MARKS] = ecnprog.profile(KMIN, KMAX, PMAX, on)
     struct.pack_into("=QQq", slot(m, tc), 0, depth + 5000, 3000, 2000)     # arrived - departed - offset
     return m
 
 
 def mark(tos: int, m: ArrayMap, draw: int = 0) -> Skb:
     skb = Skb(frame(tos))
-    rc = Vm({MAP: m}, prandom=lambda: draw).run(ecnpath.mark_program(MAP, BASES, CLASSES), skb)
+    rc = Vm({MAP: m}, prandom=lambda: draw).run(ecnprog.mark_program(MAP, BASES, CLASSES), skb)
     assert rc == -1                                          # TC_ACT_UNSPEC: the packet goes on to its queue
     return skb
 
@@ -56,7 +56,7 @@ def ones_sum(header: bytes) -> int:
 
 def counts(m: ArrayMap, tc: int = 3) -> tuple[int, int, int]:
     arrived, departed, _ = struct.unpack_from("=QQq", slot(m, tc), 0)
-    return arrived, departed, struct.unpack_from("=Q", slot(m, tc), ecnpath.MARKS)[0]
+    return arrived, departed, struct.unpack_from("=Q", slot(m, tc), ecnprog.MARKS)[0]
 
 
 @pytest.mark.parametrize("ect", [0b10, 0b01])
@@ -88,7 +88,7 @@ def test_a_dscp_in_no_class_is_neither_marked_nor_counted():
     m = with_depth(KMAX * 2)
     skb = mark(10 << 2 | 0b10, m)
     assert not skb.written
-    assert all(counts(m, tc) == (0, 0, 0) or tc == 3 for tc in range(ecnpath.CLASSES))
+    assert all(counts(m, tc) == (0, 0, 0) or tc == 3 for tc in range(ecnprog.CLASSES))
     assert counts(m)[0] == KMAX * 2 + 5000
 
 
@@ -104,23 +104,23 @@ def test_on_the_ramp_a_packet_is_marked_exactly_when_its_draw_is_below_the_profi
 
 def test_the_far_end_counts_what_left_by_the_same_class():
     m = with_depth(0)
-    code = ecnpath.depart_program(MAP, BASES, CLASSES)
+    code = ecnprog.depart_program(MAP, BASES, CLASSES)
     for tos in (26 << 2 | 0b10, 48 << 2, 10 << 2):
         assert Vm({MAP: m}).run(code, Skb(frame(tos))) == -1
     assert counts(m, 3)[1] == 3000 + len(frame(0))
     assert counts(m, 6)[1] == len(frame(0))
-    assert sum(counts(m, tc)[1] for tc in range(ecnpath.CLASSES)) == 3000 + 2 * len(frame(0))
+    assert sum(counts(m, tc)[1] for tc in range(ecnprog.CLASSES)) == 3000 + 2 * len(frame(0))
 
 
 def test_each_port_of_the_program_has_its_own_slots_and_an_unknown_port_is_left_alone():
     m = with_depth(KMAX * 2)
     skb = Skb(frame(26 << 2 | 0b10))
     skb.ifindex = 7                                          # the node's other port: slots 0..7
-    assert Vm({MAP: m}).run(ecnpath.mark_program(MAP, BASES, CLASSES), skb) == -1
+    assert Vm({MAP: m}).run(ecnprog.mark_program(MAP, BASES, CLASSES), skb) == -1
     assert not skb.written                                   # its class 3 slot is empty: depth 0
     assert struct.unpack_from("=Q", m.values[3], 0)[0] == len(skb.frame)
     assert counts(m)[0] == KMAX * 2 + 5000                   # port 1's slot untouched
-    for code in (ecnpath.mark_program(MAP, BASES, CLASSES), ecnpath.depart_program(MAP, BASES, CLASSES)):
+    for code in (ecnprog.mark_program(MAP, BASES, CLASSES), ecnprog.depart_program(MAP, BASES, CLASSES)):
         skb = Skb(frame(26 << 2 | 0b10))
         skb.ifindex = 9
         before = [bytes(v) for v in m.values.values()]
@@ -129,9 +129,9 @@ def test_each_port_of_the_program_has_its_own_slots_and_an_unknown_port_is_left_
 
 
 def test_profile_bytes_keep_a_span_of_at_least_one_and_pmax_in_65536ths():
-    kmin, span, pmax, on = struct.unpack("=IIII", ecnpath.profile(500, 500, 0.2, True))
+    kmin, span, pmax, on = struct.unpack("=IIII", ecnprog.profile(500, 500, 0.2, True))
     assert (kmin, span, pmax, on) == (500, 1, round(0.2 * 65536), 1)
-    assert struct.unpack("=IIII", ecnpath.profile(100, 300, 1.0, False)) == (100, 200, 65536, 0)
+    assert struct.unpack("=IIII", ecnprog.profile(100, 300, 1.0, False)) == (100, 200, 65536, 0)
 
 
 def test_every_marking_node_of_the_bundled_labs_has_every_far_end_and_wan_ports_end_at_the_line():
