@@ -26,14 +26,12 @@ from pathlib import Path
 
 from labctl.kernel import nsutil, rtnl
 from labctl.dataplane import arrivals, control, ecn, pfc, pfcport, switch
-from labctl.telemetry import agentreport
 from labctl.dataplane.switch import Switch
 from labctl.plan import qos
-from labctl.telemetry import qdepth, reaction
+from labctl.telemetry import agentreport, qdepth, reaction
 from labctl.procs import raise_fd_limit
 from labctl.wakeup import Waiter
 from labctl import helpers
-from labctl.helpers import Publisher
 from labctl.kernel.nft import Nft
 from labctl.plan.model import LabPlan
 from labctl.plan.share import NodeShare, served, shares
@@ -51,7 +49,7 @@ class Controller:
         self.home = home               # where its control.json is: the lab's directory, or the agent's own
         if report_file is None and home is not None:
             report_file = home / agentreport.FILE
-        self.files = Publisher(report_file, home / control.FILE if home else None)
+        self.files = helpers.Publisher(report_file, home / control.FILE if home else None)
         self._init_counters()
         self.classes = {}   # (node, ifindex, tc) -> (node, iface, cls), for applying control.json
         self.switches: list[Switch] = []    # nodes with queues to watch, polled every loop
@@ -243,7 +241,7 @@ class Controller:
         if sw.node.switching and sw.pfc and (congested or sw.asserting):
             self.pfc_activity += 1
             t = time.monotonic()
-            self._assert_pfc(sw, congested, now, self.active)
+            sw.assert_pfc(congested, now, self.active)
             self.slow.note("pause send", sw.node.name, t)
             if sw.asserting:
                 due = 0.0            # a pause to refresh or release
@@ -347,20 +345,6 @@ class Controller:
         if took > reaction.LONG_READ_S:
             self.long_reads.append((round(end, 6), round(took, 6)))
             self.long_count += 1
-
-    @staticmethod
-    def _assert_pfc(sw: Switch, congested: set[str], now: float, active: dict) -> None:
-        """Pause the ports that feed a lossless egress queue past XOFF; XON once none they feed is."""
-        if not congested and not sw.asserting:
-            return                       # the common case: nothing to pause, nothing to release
-        sw.asserting = False
-        for port in sw.pfc.values():
-            wanted = port.settings.pfc and any(port.iface.name in sw.feeders.get(e, ()) for e in congested)
-            quanta = port.state.decide(wanted, now, port.iface.shaping.rate_bps, port.cls.pfc_quanta)
-            if quanta is not None:
-                port.send_pfc(quanta, now)
-                active[port] = None
-            sw.asserting = sw.asserting or port.state.asserting
 
     def write_counters(self, now: float, force: bool = False) -> None:
         """pfc.json, when a counter or the applied generation changed (or `force`)."""

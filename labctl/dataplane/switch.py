@@ -44,6 +44,19 @@ class Switch:
     fast_marking: object = None                   # fastmaps.Marking: the router's program marks
     path_marking: object = None                   # ecnpath.Queues: its ports mark in the data path
 
+    def assert_pfc(self, congested: set[str], now: float, active: dict) -> None:
+        """Pause the ports that feed a lossless egress queue past XOFF; XON once none they feed is."""
+        if not congested and not self.asserting:
+            return                       # the common case: nothing to pause, nothing to release
+        self.asserting = False
+        for port in self.pfc.values():
+            wanted = port.settings.pfc and any(port.iface.name in self.feeders.get(e, ()) for e in congested)
+            quanta = port.state.decide(wanted, now, port.iface.shaping.rate_bps, port.cls.pfc_quanta)
+            if quanta is not None:
+                port.send_pfc(quanta, now)
+                active[port] = None
+            self.asserting = self.asserting or port.state.asserting
+
 
 def open_switch(share: NodeShare, nft: Nft | None, settings) -> Switch:
     """Open a node's sockets, install its marking rules and prepare the request that reads its
