@@ -4,16 +4,15 @@ from __future__ import annotations
 import ipaddress
 import json
 import signal
-import struct
 import subprocess
 import time
 import uuid
-import zlib
 from pathlib import Path
 
 import pytest
 
 from conftest import RING_SEED, lab_namespaces, module_state_dir, require_root
+from wire import frames, icrc_ok
 from labctl import lifecycle as labmod
 from labctl import state
 from labctl import backends
@@ -130,29 +129,6 @@ def _tcpdump(ns: str, iface: str, out: Path) -> subprocess.Popen:
     return p
 
 
-def _frames(pcap: Path):
-    """Frames of a classic pcap file, read without any of labctl's code."""
-    data = pcap.read_bytes()
-    off = 24
-    while off + 16 <= len(data):
-        _, _, incl, _orig = struct.unpack_from("<IIII", data, off)
-        yield data[off + 16:off + 16 + incl]
-        off += 16 + incl
-
-
-def _icrc_ok(frame: bytes) -> bool:
-    """RoCEv2 ICRC from the spec, independent of labctl.traffic.roce: CRC-32 over 8 bytes of 0xFF,
-    the IP header with ToS, TTL and checksum set to ones, the UDP header with checksum set to ones,
-    the BTH with its FECN/BECN byte set to ones, and the rest up to the ICRC (little-endian)."""
-    ip_len = struct.unpack("!H", frame[16:18])[0]
-    pkt = bytearray(frame[14:14 + ip_len])
-    pkt[1] = pkt[8] = 0xFF
-    pkt[10] = pkt[11] = 0xFF
-    pkt[26] = pkt[27] = 0xFF
-    pkt[32] = 0xFF
-    return zlib.crc32(b"\xff" * 8 + bytes(pkt[:-4])) == int.from_bytes(pkt[-4:], "little")
-
-
 def test_capture_on_spine_links_shows_real_roce_frames_that_tshark_decodes(lab, tmp_path):
     plan, d = lab
     pcaps, procs = [], []
@@ -169,11 +145,11 @@ def test_capture_on_spine_links_shows_real_roce_frames_that_tshark_decodes(lab, 
         for p in procs:
             p.send_signal(signal.SIGINT)
             p.wait(timeout=10)
-    frames = [f for p in pcaps for f in _frames(p)]
+    frames = [f for p in pcaps for f in frames(p)]
     assert len(frames) > 100, "the ring's cross-server hops cross a spine toward leaf1"
     roce_mtu_frame = 14 + 20 + 8 + 12 + 16 + 4096 + 4 + 4  # largest: RETH + full payload + ImmDt
     assert max(len(f) for f in frames) <= roce_mtu_frame, "a GSO super-packet crossed the fabric"
-    assert all(_icrc_ok(f) for f in frames)
+    assert all(icrc_ok(f) for f in frames)
     assert all(f[15] >> 2 == 26 for f in frames if f[42] != 0x11)  # data in DSCP 26
     fields = []
     for p in pcaps:
