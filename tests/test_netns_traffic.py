@@ -145,19 +145,19 @@ def test_capture_on_spine_links_shows_real_roce_frames_that_tshark_decodes(lab, 
         for p in procs:
             p.send_signal(signal.SIGINT)
             p.wait(timeout=10)
-    frames = [f for p in pcaps for f in frames(p)]
-    assert len(frames) > 100, "the ring's cross-server hops cross a spine toward leaf1"
+    captured = [f for p in pcaps for f in frames(p)]
+    assert len(captured) > 100, "the ring's cross-server hops cross a spine toward leaf1"
     roce_mtu_frame = 14 + 20 + 8 + 12 + 16 + 4096 + 4 + 4  # largest: RETH + full payload + ImmDt
-    assert max(len(f) for f in frames) <= roce_mtu_frame, "a GSO super-packet crossed the fabric"
-    assert all(icrc_ok(f) for f in frames)
-    assert all(f[15] >> 2 == 26 for f in frames if f[42] != 0x11)  # data in DSCP 26
+    assert max(len(f) for f in captured) <= roce_mtu_frame, "a GSO super-packet crossed the fabric"
+    assert all(icrc_ok(f) for f in captured)
+    assert all(f[15] >> 2 == 26 for f in captured if f[42] != 0x11)  # data in DSCP 26
     fields = []
     for p in pcaps:
         out = subprocess.run(["tshark", "-r", str(p), "-Y", "infiniband", "-T", "fields", "-e", "_ws.col.Protocol",
                               "-e", "infiniband.bth.opcode", "-e", "infiniband.bth.destqp",
                               "-e", "infiniband.bth.psn"], capture_output=True, text=True, check=True).stdout
         fields += [line.split("\t") for line in out.splitlines() if line]
-    assert len(fields) == len(frames)
+    assert len(fields) == len(captured)
     assert {f[0] for f in fields} == {"RRoCE"}
     opcodes = {int(f[1]) for f in fields}
     assert opcodes <= {6, 7, 8, 9, 10, 11, 17} and {6, 7, 9} <= opcodes
