@@ -123,6 +123,10 @@ def plan(file, sets, name, template_dirs, topo, as_json, kind_map, image_map, ho
                      if where == "container" else "its share, from the host, in the node's namespace")
             at.add_row(name, "inside its container" if where == "container" else "from the host", given)
         out.print(at)
+        from labctl.dataplane.agents import memory_refusal
+        refused = memory_refusal(p)
+        if refused:
+            out.print(f"[red]`up` refuses these agents:[/] {refused[0]}; {refused[1]}")
     lt = Table(title="links")
     for col in ("a", "b", "fabric", "subnet", "rate (real)", "rate (lab)", *(("between machines",) if placed else ())):
         lt.add_column(col)

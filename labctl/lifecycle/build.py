@@ -51,6 +51,10 @@ def plan_for(loaded: Loaded, backend: str = "netns", build_images: bool = True, 
                              f"kind {node.kind} is built by: {', '.join(node_kind(node.kind).backends)}")
     for key, reason, fix in builder.check(plan):
         raise InputError(Where(str(loaded.file), key=key), reason, fix)
+    from labctl.dataplane import agents
+    refused = agents.memory_refusal(plan)
+    if refused:
+        raise InputError(Where("environment", key=agents.ENV), *refused)
     return plan, builder
 
 
