@@ -138,3 +138,14 @@ def raise_fd_limit(need: int) -> None:
     if soft < need:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(need, hard) if hard != resource.RLIM_INFINITY else need,
                                                     hard))
+
+
+def mem_available() -> int | None:
+    """This host's MemAvailable in bytes (None where /proc/meminfo says nothing of it)."""
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from labctl.dataplane import agents
+from labctl import procs
 from labctl.errors import InputError
 from labctl.lifecycle.build import plan_for
 from labctl.plan import share
@@ -24,14 +24,14 @@ def big_plan():
 
 def test_one_agent_for_the_lab_is_never_refused(big_plan, monkeypatch):
     monkeypatch.delenv(share.PLACEMENT_ENV, raising=False)
-    assert agents.memory_refusal(big_plan, available_bytes=2**20) is None
+    assert share.memory_refusal(big_plan, 2**20) is None
 
 
 def test_an_agent_in_each_of_1200_nodes_is_refused_on_24_gib(big_plan, monkeypatch):
     monkeypatch.setenv(share.PLACEMENT_ENV, "node")
     served = len(share.served(big_plan))
     assert served == 1200                   # every switch and every GPU host has lossless classes
-    reason, fix = agents.memory_refusal(big_plan, available_bytes=23 * 2**30)
+    reason, fix = share.memory_refusal(big_plan, 23 * 2**30)
     assert f"each of {served} nodes" in reason and "37.5 GiB" in reason and "23.0 GiB available" in reason
     assert share.PLACEMENT_ENV in fix and "'lab'" in fix
 
@@ -39,15 +39,19 @@ def test_an_agent_in_each_of_1200_nodes_is_refused_on_24_gib(big_plan, monkeypat
 def test_the_bundled_lab_fits_and_a_small_host_does_not(monkeypatch):
     monkeypatch.setenv(share.PLACEMENT_ENV, "node")
     plan = plan_for(sources.load(LAB, (), (), "lsmall", None, None))[0]
-    need = len(share.served(plan)) * agents.AGENT_MIB * 2**20
-    assert agents.memory_refusal(plan, available_bytes=24 * 2**30) is None
-    assert agents.memory_refusal(plan, available_bytes=need) is not None      # past 80% of what is there
-    assert agents.memory_refusal(plan, available_bytes=int(need / 0.8) + 1) is None
+    need = len(share.served(plan)) * share.AGENT_MIB * 2**20
+    assert share.memory_refusal(plan, 24 * 2**30) is None
+    assert share.memory_refusal(plan, need) is not None      # past 80% of what is there
+    assert share.memory_refusal(plan, int(need / 0.8) + 1) is None
+
+
+def test_this_hosts_memory_is_read():
+    assert procs.mem_available() > 2**30
 
 
 def test_up_refuses_at_the_environment_key_before_anything_is_built(monkeypatch):
     monkeypatch.setenv(share.PLACEMENT_ENV, "node")
-    monkeypatch.setattr(agents, "_mem_available", lambda: 2**28)            # 256 MiB
+    monkeypatch.setattr(procs, "mem_available", lambda: 2**28)            # 256 MiB
     with pytest.raises(InputError) as err:
         plan_for(sources.load(LAB, (), (), "lsmall", None, None))
     assert share.PLACEMENT_ENV in str(err.value) and "256 MiB" not in str(err.value)

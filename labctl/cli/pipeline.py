@@ -123,8 +123,9 @@ def plan(file, sets, name, template_dirs, topo, as_json, kind_map, image_map, ho
                      if where == "container" else "its share, from the host, in the node's namespace")
             at.add_row(name, "inside its container" if where == "container" else "from the host", given)
         out.print(at)
-        from labctl.dataplane.agents import memory_refusal
-        refused = memory_refusal(p)
+        from labctl.plan.share import memory_refusal
+        from labctl.procs import mem_available
+        refused = memory_refusal(p, mem_available())
         if refused:
             out.print(f"[red]`up` refuses these agents:[/] {refused[0]}; {refused[1]}")
     lt = Table(title="links")

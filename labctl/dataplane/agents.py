@@ -29,38 +29,6 @@ from labctl.plan.share import read as read_share
 from labctl.telemetry import agentreport
 
 MODULE = "labctl.dataplane.agents"      # `python -m` it: main() below
-# One node's agent, resident (bench/agent_placement.py: 519 MiB for the bundled lab's 16 agents)
-AGENT_MIB = 32
-
-
-def memory_refusal(plan, available_bytes: int | None = None) -> tuple[str, str] | None:
-    """(reason, fix) when the lab's own agents, one per node, would not fit in this host's available
-    memory (MemAvailable), else None. Asked before anything is built: 1,200 agents (the 1,024-GPU
-    lab) need about 37 GiB, and past the memory they have the machine swaps to a halt."""
-    from labctl.plan import share
-    if share.placement() != "node" and not any(n.machine for n in plan.nodes):
-        return None
-    count = len(share.served(plan))
-    if available_bytes is None:
-        available_bytes = _mem_available()
-    need = count * AGENT_MIB * 2**20
-    if available_bytes is None or need <= 0.8 * available_bytes:
-        return None
-    return (f"an agent in each of {count} nodes needs about {need / 2**30:.1f} GiB, and this host has "
-            f"{available_bytes / 2**30:.1f} GiB available (each agent holds about {AGENT_MIB} MiB)",
-            f"unset {ENV} (or set it to 'lab'): one agent on the host serves every node")
-
-
-def _mem_available() -> int | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
 def start_in_nodes(plan, lab) -> dict[str, int]:
     """Write each served node's share and start its agent: inside its container where it can run
     there (containers/nodes.py agent_inside), else from the host moved into its namespace. All

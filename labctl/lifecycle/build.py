@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from labctl import backends, helpers, state
+from labctl import backends, helpers, procs, state
 from labctl.kernel import ecnpath, flowhash, lb
 from labctl.dataplane import arrivals, control
 from labctl.errors import InputError, Where
@@ -14,6 +14,7 @@ from labctl.backends.base import own_namespaces, refuse_taken_namespaces
 from labctl.kinds import node_kind
 from labctl.lifecycle import convergence, software
 from labctl.lifecycle.labs import backend_of, find_lab, require_root
+from labctl.plan import share
 from labctl.plan import trust as trust_model
 from labctl.plan.compile import compile_plan
 from labctl.plan.model import LabPlan
@@ -51,10 +52,9 @@ def plan_for(loaded: Loaded, backend: str = "netns", build_images: bool = True, 
                              f"kind {node.kind} is built by: {', '.join(node_kind(node.kind).backends)}")
     for key, reason, fix in builder.check(plan):
         raise InputError(Where(str(loaded.file), key=key), reason, fix)
-    from labctl.dataplane import agents
-    refused = agents.memory_refusal(plan)
+    refused = share.memory_refusal(plan, procs.mem_available())
     if refused:
-        raise InputError(Where("environment", key=agents.ENV), *refused)
+        raise InputError(Where("environment", key=share.PLACEMENT_ENV), *refused)
     return plan, builder
 
 

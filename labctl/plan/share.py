@@ -90,6 +90,26 @@ def served(plan: LabPlan) -> list[Node]:
     return [n for n in plan.nodes if needs_agent(n) and not carries_agent(n)]
 
 
+# One node's agent, resident (bench/agent_placement.py: 519 MiB for the bundled lab's 16 agents)
+AGENT_MIB = 32
+
+
+def memory_refusal(plan: LabPlan, available_bytes: int | None) -> tuple[str, str] | None:
+    """(reason, fix) when the lab's agents, one in each node, would not fit in `available_bytes`
+    (this host's MemAvailable: procs.mem_available), else None. `up` asks before anything is built:
+    1,200 agents (the 1,024-GPU lab) need about 37.5 GiB, and past the memory there is the machine
+    swaps to a halt."""
+    if placement() != "node" and not any(n.machine for n in plan.nodes):
+        return None
+    count = len(served(plan))
+    need = count * AGENT_MIB * 2**20
+    if available_bytes is None or need <= 0.8 * available_bytes:
+        return None
+    return (f"an agent in each of {count} nodes needs about {need / 2**30:.1f} GiB, and this host has "
+            f"{available_bytes / 2**30:.1f} GiB available (each agent holds about {AGENT_MIB} MiB)",
+            f"unset {PLACEMENT_ENV} (or set it to 'lab'): one agent on the host serves every node")
+
+
 def shares(plan: LabPlan, nodes: list[Node] | None = None) -> list[NodeShare]:
     """The share of each of `nodes` (default: every node that needs an agent)."""
     macs = {(n.name, i.name): i.mac for n in plan.nodes for i in n.interfaces}
