@@ -143,9 +143,10 @@ def raise_fd_limit(need: int) -> None:
 def mem_available() -> int | None:
     """This host's MemAvailable in bytes (None where /proc/meminfo says nothing of it)."""
     try:
-        for line in open("/proc/meminfo"):
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
     except OSError:
         pass
     return None

@@ -56,3 +56,11 @@ def test_up_refuses_at_the_environment_key_before_anything_is_built(monkeypatch)
         plan_for(sources.load(LAB, (), (), "lsmall", None, None))
     assert share.PLACEMENT_ENV in str(err.value) and "256 MiB" not in str(err.value)
     assert "0.2 GiB available" in str(err.value)
+
+
+def test_a_placed_lab_is_told_to_place_fewer_nodes(monkeypatch):
+    monkeypatch.delenv(share.PLACEMENT_ENV, raising=False)
+    plan = plan_for(sources.load(LAB, (), (), "lplaced", None, None))[0]
+    plan.nodes[0].machine = "m1"          # a placed lab runs an agent in each node whatever the variable
+    reason, fix = share.memory_refusal(plan, 2**28)
+    assert "placed lab" in fix and share.PLACEMENT_ENV not in fix

@@ -97,9 +97,10 @@ AGENT_MIB = 32
 def memory_refusal(plan: LabPlan, available_bytes: int | None) -> tuple[str, str] | None:
     """(reason, fix) when the lab's agents, one in each node, would not fit in `available_bytes`
     (this host's MemAvailable: procs.mem_available), else None. `up` asks before anything is built:
-    1,200 agents (the 1,024-GPU lab) need about 37.5 GiB, and past the memory there is the machine
-    swaps to a halt."""
-    if placement() != "node" and not any(n.machine for n in plan.nodes):
+    1,200 agents (the 1,024-GPU lab) need about 37.5 GiB, and a machine short of that swaps to a
+    halt."""
+    placed = any(n.machine for n in plan.nodes)
+    if placement() != "node" and not placed:
         return None
     count = len(served(plan))
     need = count * AGENT_MIB * 2**20
@@ -107,6 +108,7 @@ def memory_refusal(plan: LabPlan, available_bytes: int | None) -> tuple[str, str
         return None
     return (f"an agent in each of {count} nodes needs about {need / 2**30:.1f} GiB, and this host has "
             f"{available_bytes / 2**30:.1f} GiB available (each agent holds about {AGENT_MIB} MiB)",
+            "place fewer nodes on the machines: a placed lab runs an agent in each node" if placed else
             f"unset {PLACEMENT_ENV} (or set it to 'lab'): one agent on the host serves every node")
 
 
