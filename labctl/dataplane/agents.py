@@ -29,6 +29,8 @@ from labctl.plan.share import read as read_share
 from labctl.telemetry import agentreport
 
 MODULE = "labctl.dataplane.agents"      # `python -m` it: main() below
+
+
 def start_in_nodes(plan, lab) -> dict[str, int]:
     """Write each served node's share and start its agent: inside its container where it can run
     there (containers/nodes.py agent_inside), else from the host moved into its namespace. All
