@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Build a Debian 12 Vagrant box for the libvirt provider from Debian packages alone (no Vagrant
-# Cloud), with labctl's system packages installed and a wheelhouse of its Python dependencies, so
-# that provisioning works in a guest that reaches no registry. As root:
+# Cloud), with labctl's system packages installed, a wheelhouse of its Python dependencies (so that
+# provisioning works in a guest that reaches no registry) and the virtualenv install.sh makes from
+# it, ready in /vagrant/.venv. As root:
 #
 #   vm/build-box.sh [--cache DIR] [--force]     # then: vagrant box add labctl/debian12 DIR/<key>/labctl.box
 #
-# The box is keyed by a hash of this script, install.sh's package list and pyproject.toml: the same
+# The box is keyed by a hash of this script, install.sh and pyproject.toml: the same
 # inputs give the same key and the build is skipped (idempotent). The last line printed is the box.
 # The kernel boots directly (libvirt's kernel/initrd, shipped inside the box): the image has no
 # bootloader, and needs no loop device to build (mkfs.ext4 -d).
@@ -17,7 +18,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --cache) cache=$2; shift 2 ;;
     --force) force=1; shift ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
     *) echo "build-box.sh: unknown option $1 (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -28,7 +29,8 @@ say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
 mapfile -t labctl_pkgs < <(sed -n '/^packages=(/,/)/p' "$here/install.sh" | tr -d '()' | sed 's/packages=//' | tr ' ' '\n' | grep -v '^$')
 base_pkgs=(linux-image-amd64 systemd-sysv udev dbus openssh-server sudo kmod ifupdown isc-dhcp-client rsync
            ca-certificates less)
-key=$( { cat "$0" "$here/pyproject.toml"; printf '%s\n' "${labctl_pkgs[@]}"; } | sha256sum | cut -c1-16)
+# install.sh is in the key whole: it makes the box's virtualenv, not only its package list
+key=$(cat "$0" "$here/pyproject.toml" "$here/install.sh" | sha256sum | cut -c1-16)
 out="$cache/$key"
 box="$out/labctl.box"
 if [ -f "$box" ] && [ "$force" -eq 0 ]; then
@@ -40,14 +42,33 @@ for tool in debootstrap qemu-img mkfs.ext4; do
   command -v "$tool" >/dev/null || { echo "build-box.sh: $tool is missing (apt-get install debootstrap qemu-utils e2fsprogs)" >&2; exit 1; }
 done
 work=$(mktemp -d "$cache/build.XXXXXX" 2>/dev/null || { mkdir -p "$cache"; mktemp -d "$cache/build.XXXXXX"; })
-trap 'rm -rf "$work"' EXIT
+# Interrupted, debootstrap leaves its unpacking (or, chrooted, its dpkg) running in the tree it
+# builds, and /proc mounted there. It runs in a process group of its own, and the clean-up stops
+# that group and any process whose root is in the build (the chrooted steps), unmounts whatever is
+# under the build (deepest first), and never crosses a mount as it removes it.
+builder=
+cleanup() {
+  set +e        # best effort: a process that is already gone must not end the clean-up
+  local p r
+  [ -n "$builder" ] && kill -9 -- "-$builder" 2>/dev/null
+  for p in /proc/[0-9]*; do
+    r=$(readlink "$p/root" 2>/dev/null) && [[ "$r" == "$work/"* ]] && kill -9 "${p#/proc/}" 2>/dev/null
+  done
+  sleep 0.2
+  findmnt -rn -o TARGET | grep -F "$work/" | sort -r | while read -r m; do umount -l "$m"; done
+  rm -rf --one-file-system "$work"
+}
+trap cleanup EXIT
 root="$work/rootfs"
 
 say "debootstrap Debian 12 with ${#labctl_pkgs[@]} labctl packages (a few minutes)"
 export DEBIAN_FRONTEND=noninteractive
 include=$(IFS=,; echo "${base_pkgs[*]},${labctl_pkgs[*]}")
-debootstrap --variant=minbase --include="$include" bookworm "$root" http://deb.debian.org/debian >"$work/debootstrap.log" 2>&1 \
-  || { tail -20 "$work/debootstrap.log" >&2; exit 1; }
+setsid debootstrap --variant=minbase --include="$include" bookworm "$root" http://deb.debian.org/debian \
+  >"$work/debootstrap.log" 2>&1 &
+builder=$!
+wait "$builder" || { tail -20 "$work/debootstrap.log" >&2; exit 1; }
+builder=
 
 say "configure: vagrant user and key, sudo, DHCP, ssh, /usr/sbin on PATH"
 chroot "$root" useradd -m -s /bin/bash vagrant
@@ -105,6 +126,20 @@ python3 -m pip download -q --disable-pip-version-check --only-binary=:all: --pla
   --platform manylinux_2_28_x86_64 --platform any --python-version 3.11 --implementation cp \
   -d "$root/opt/labctl/wheels" "${dep_list[@]}" 2> >(grep -v "is ignored: it is neither" >&2)
 
+# The virtualenv a guest's provisioning would make, made here by install.sh itself (from the
+# wheelhouse, as in a guest) and then compiled, on this machine's CPU. Under an emulated CPU the
+# guest's own `python -m venv` and pip took 32 and 74 s of a 160 s `vagrant up`, and every first
+# import of a dependency compiled it again. Vagrant's rsync keeps /vagrant/.venv (it excludes it
+# and deletes nothing excluded) and install.sh then finds its stamp and skips pip. The sources
+# are removed again: the guest's rsync brings the tree it runs.
+say "labctl's virtualenv in /vagrant/.venv: install.sh from the wheelhouse, then compiled"
+mkdir -m 755 "$root/vagrant"
+tar -C "$here" --exclude=./.venv --exclude=./.git --exclude=./runs --exclude=./.vagrant -cf - . \
+  | tar -C "$root/vagrant" --no-same-owner --no-same-permissions -xf -
+chroot "$root" bash /vagrant/install.sh >"$work/install.log" 2>&1 || { tail -20 "$work/install.log" >&2; exit 1; }
+chroot "$root" /vagrant/.venv/bin/python -m compileall -q -j 0 /vagrant/.venv/lib >/dev/null
+find "$root/vagrant" -mindepth 1 -maxdepth 1 ! -name .venv -exec rm -rf {} +
+
 say "disk image, kernel and box"
 cp "$root"/boot/vmlinuz-* "$work/vmlinuz"
 cp "$root"/boot/initrd.img-* "$work/initrd.img"
@@ -130,5 +165,12 @@ EOF
 mkdir -p "$out"
 tar -C "$work" -cf "$box.part" metadata.json Vagrantfile box.img vmlinuz initrd.img
 mv "$box.part" "$box"
+# boxes of other inputs (an older install.sh or pyproject.toml) are 1.5 GB each and are built
+# again if those inputs come back: only this one is kept. Only directories named by a key, each
+# holding a labctl.box, are removed.
+for old in "$cache"/*/labctl.box; do
+  d=$(dirname "$old")
+  [[ "$(basename "$d")" =~ ^[0-9a-f]{16}$ ]] && [ "$d" != "$out" ] && rm -rf "$d"
+done
 say "box built: $box (kernel $kernel, $(du -h "$box" | cut -f1))"
 echo "$box"
