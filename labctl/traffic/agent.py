@@ -93,7 +93,7 @@ class Agent:
 
     def run(self, op: dict) -> dict:
         start = op["start"]
-        deadline = start + op["timeout"]
+        deadline = self.sender.deadline = start + op["timeout"]
         quiet = op.get("quiet", op["timeout"])
         delay = start - time.monotonic()
         if delay > 0:

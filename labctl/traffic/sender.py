@@ -7,6 +7,7 @@ an RC QP does. Otherwise packets are sent once and loss shows up at the receiver
 from __future__ import annotations
 
 import errno
+import math
 import socket
 import struct
 import threading
@@ -85,6 +86,7 @@ class Sender:
         self.sockets: dict = {}
         self.builders: dict = {}
         self.lock = threading.Lock()
+        self.deadline = math.inf            # the running operation's (Agent.run sets it)
 
     def qp(self, lq: int) -> QpTx:
         q = self.qps.get(lq)
@@ -213,7 +215,12 @@ class Sender:
                     q.resend_from = psn
 
     def go_back(self, q: QpTx) -> None:
-        """Send again every unacknowledged packet from the PSN the receiver asked for."""
+        """Send again every unacknowledged packet from the PSN the receiver asked for. Not past the
+        operation's deadline: under go-back-N a sprayed flow's resends are reordered and asked for
+        again without end, and an agent that went on resending ran its operation to twice its
+        `timeout`. The request is kept, so the next operation's first pass resends from there."""
+        if time.monotonic() > self.deadline:
+            return
         with self.lock:
             start, q.resend_from = q.resend_from, None
             msgs = list(q.unacked)
