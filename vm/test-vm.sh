@@ -142,7 +142,6 @@ t=$(date +%s)
 say "vagrant up (accel ${LABCTL_VM_ACCEL:-auto})"
 # vagrant-libvirt redraws its upload progress thousands of times on one line: keep the log readable
 export LABCTL_VM_CONSOLE="$run/console.log"     # the guest's serial console (Vagrantfile)
-export LABCTL_VM_KEEP_INSECURE_KEY=1            # the guest lives in netns $ns only, and is destroyed
 up() { vg up --provider=libvirt | sed -u 's/\x1b\[KProgress: [0-9]*%//g'; }
 if ! up; then
   # once in CI a TCG guest never asked for an address within the 900 s boot time-out; its console
