@@ -4,7 +4,7 @@
 #
 #   vm/test-vm.sh            build or reuse the box, vagrant up, then in the guest: doctor, the
 #                            README's demo, experiments/incast-pfc.yml and ecmp-entropy.yml, and the
-#                            root test modules for sysctls, routing and shaping; then destroy
+#                            root test modules for sysctls, routing, shaping and VXLAN; then destroy
 #   vm/test-vm.sh --smoke    box, vagrant up, doctor, demo, destroy (what CI runs)
 #   vm/test-vm.sh --repeat N EXPERIMENT
 #                            box, vagrant up, doctor, then experiments/EXPERIMENT.yml N times in
@@ -220,7 +220,7 @@ if [ "$mode" = full ]; then
     [ -n "$step_failed" ] && show_experiment "$e"
     keep_experiment "$e"
   done
-  step "root test modules" "$shaping"'cd /vagrant && sudo .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_netns_lab.py tests/test_netns_flowhash.py tests/test_netns_shaping.py -k "$k"'
+  step "root test modules" "$shaping"'cd /vagrant && sudo .venv/bin/python -m pytest -q -p no:cacheprovider tests/test_netns_lab.py tests/test_netns_flowhash.py tests/test_netns_shaping.py tests/test_netns_vxlan.py -k "$k"'
 fi
 t=$(date +%s)
 vg destroy -f
