@@ -136,8 +136,11 @@ say "labctl's virtualenv in /vagrant/.venv: install.sh from the wheelhouse, then
 mkdir -m 755 "$root/vagrant"
 tar -C "$here" --exclude=./.venv --exclude=./.git --exclude=./runs --exclude=./.vagrant -cf - . \
   | tar -C "$root/vagrant" --no-same-owner --no-same-permissions -xf -
-chroot "$root" bash /vagrant/install.sh >"$work/install.log" 2>&1 || { tail -20 "$work/install.log" >&2; exit 1; }
-chroot "$root" /vagrant/.venv/bin/python -m compileall -q -j 0 /vagrant/.venv/lib >/dev/null
+# a guest's environment, not this shell's (a PYTHON=, LABCTL_WHEELS= or PYTHONDONTWRITEBYTECODE= here
+# would name this machine's paths, or change what install.sh does)
+in_box() { chroot "$root" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 "$@"; }
+in_box bash /vagrant/install.sh >"$work/install.log" 2>&1 || { tail -20 "$work/install.log" >&2; exit 1; }
+in_box /vagrant/.venv/bin/python -m compileall -q -j 0 /vagrant/.venv/lib >/dev/null
 find "$root/vagrant" -mindepth 1 -maxdepth 1 ! -name .venv -exec rm -rf {} +
 
 say "disk image, kernel and box"
