@@ -6,6 +6,7 @@ it on Debian's 6.1 too, where a fixed ifindex is checked against the machine's n
 sender's), not the node's."""
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -77,7 +78,6 @@ def machines():
 
 
 def links(ns: str) -> dict[str, dict]:
-    import json
     out = subprocess.run(["ip", "-n", ns, "-j", "-d", "link", "show"], check=True, capture_output=True, text=True)
     return {d["ifname"]: d for d in json.loads(out.stdout)}
 
