@@ -140,6 +140,7 @@ def test_helpers_and_agents_never_import_labctl_from_the_callers_directory(state
         (trap / mod).write_text(f"open({str(marker)!r}, 'w').write('planted code ran')\n")
     (trap / "labctl/dataplane/controller.py").write_text(f"open({str(marker)!r}, 'w').write('x')\n")
     (trap / "labctl/traffic/agent.py").write_text(f"open({str(marker)!r}, 'w').write('x')\n")
+    (trap / "labctl/traffic/launcher.py").write_text(f"open({str(marker)!r}, 'w').write('x')\n")
     lab_file = tmp_path / "two.yml"
     lab_file.write_text(f"name: {lab_name}\ndilation: 4000\nnodes:\n  sw: {{kind: switch}}\n  g0: {{kind: gpu}}\n"
                         "  g1: {kind: gpu}\nlinks:\n  - endpoints: [g0, sw]\n  - endpoints: [g1, sw]\n")

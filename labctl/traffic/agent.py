@@ -1,6 +1,7 @@
 """A traffic agent: one process per GPU rank, inside its namespace, speaking RoCEv2 over UDP 4791.
 
-Started by the agent pool (pool.py) with `ip netns exec <lab>-<gpu> python -m labctl.traffic.agent`; it reads JSON
+Started by the agent pool (pool.py): forked inside `<lab>-<gpu>` by the run's launcher
+(launcher.py), or run as `ip netns exec <lab>-<gpu> python -m labctl.traffic.agent`; it reads JSON
 lines on stdin (init, run, exit) and answers on stdout. A receiver thread (receiver.py) accounts
 every packet; the main thread runs the rank's transfers in order (sender.py), each one waiting
 until the transfers it depends on have arrived here.

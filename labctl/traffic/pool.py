@@ -10,18 +10,16 @@ import json
 import os
 import queue
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
 
-from labctl import procs
 from labctl.errors import LabError
 from labctl.kinds import fabric_kind, node_kind
 from labctl.plan.model import Interface, LabPlan, Node
 from labctl.state import LabDir
 from labctl.plan import qos
-from labctl.traffic import roce
+from labctl.traffic import roce, spawn
 from labctl.traffic.dcqcn import Params
 from labctl.traffic.schedule import Schedule
 
@@ -96,8 +94,9 @@ class AgentPool:
                            f"its ranks are {min(self.nodes)}..{max(self.nodes)}")
         self.ranks = ranks
         self.rto = retransmission_timeout(plan)
-        self.procs: dict[int, subprocess.Popen] = {}
-        self.identities: dict[int, str] = {}    # journaled as started, and as ended once reaped
+        self.procs: dict[int, spawn.Agent] = {}
+        self.identities: dict[str, str] = {}    # journaled as started, and as ended once reaped
+        self.launched: spawn.Launched | None = None
         self.lab = lab
         self.events: queue.Queue = queue.Queue()
         self.counters: dict[int, dict] = {}
@@ -108,15 +107,12 @@ class AgentPool:
         from labctl.traffic import crafting    # scapy: here once, not in each agent
         templates = crafting.table(roce.OPCODES)
         try:
+            self.launched = spawn.Launched({r: self.nodes[r].namespace for r in ranks})
+            self._journal("launcher", self.launched.identity)
             for r in ranks:
                 node = self.nodes[r]
-                # -P and cwd=/: the agent imports labctl from its install, not from the caller's directory
-                p = subprocess.Popen(["ip", "netns", "exec", node.namespace, sys.executable, "-P", "-m",
-                                      "labctl.traffic.agent"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True, bufsize=1, cwd="/")
-                self.identities[r] = procs.identity(p.pid)
-                lab.journal("pid", self.identities[r])
-                self.procs[r] = p
+                p = self.procs[r] = self.launched.agents[r]
+                self._journal(r, p.identity)
                 threading.Thread(target=self._read, args=(r, p), daemon=True).start()
                 peers = {}
                 for q in self.nodes.values():
@@ -137,7 +133,7 @@ class AgentPool:
             self.close(kill=True)
             raise
 
-    def _read(self, rank: int, p: subprocess.Popen) -> None:
+    def _read(self, rank: int, p: spawn.Agent) -> None:
         for line in p.stdout:
             try:
                 self.events.put((rank, json.loads(line)))
@@ -222,15 +218,29 @@ class AgentPool:
         self._end(kill)
         return self.counters
 
+    def _journal(self, key, ident: str) -> None:
+        self.identities[str(key)] = ident
+        self.lab.journal("pid", ident)
+
     def _end(self, kill: bool) -> None:
         for p in self.procs.values():
             if kill and p.poll() is None:
                 p.kill()
             try:
+                p.stdin.close()         # an agent whose commands end exits, as when its pool dies
+            except OSError:
+                pass
+            try:
                 p.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 p.kill()
-                p.wait()
+                p.wait(timeout=5)
+        if self.launched is not None:
+            try:
+                self.launched.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.launched.kill()
+                self.launched.wait()
         for ident in self.identities.values():
             self.lab.journal("released-pid", ident)
         self.identities = {}

@@ -1,0 +1,103 @@
+"""The agent launcher (traffic/launcher.py, traffic/spawn.py): one process forks a run's agents,
+each in its own GPU namespace with only its own two pipes, and nothing outlives them."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import uuid
+
+import pytest
+
+from conftest import require_root
+from labctl.traffic import launcher, spawn
+
+@pytest.fixture
+def namespaces():
+    require_root()
+    names = [f"ltl{uuid.uuid4().hex[:6]}-g{k}" for k in range(3)]
+    for n in names:
+        subprocess.run(["ip", "netns", "add", n], check=True)
+    yield names
+    for n in names:
+        subprocess.run(["ip", "netns", "del", n], capture_output=True)
+
+
+def _inode(path: str) -> int:
+    return os.stat(path).st_ino
+
+
+def _pipes(pid: int) -> list[str]:
+    out = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("pipe:"):
+            out.append(f"{fd}={target}")
+    return sorted(out)
+
+
+@pytest.mark.netns
+def test_each_agent_runs_in_its_namespace_with_only_its_own_pipes_and_ends_with_them(namespaces):
+    run = spawn.Launched({r: ns for r, ns in enumerate(namespaces)})
+    try:
+        pids = {r: a.pid for r, a in run.agents.items()}
+        assert len(set(pids.values())) == 3 and run.proc.pid not in pids.values()
+        for r, ns in enumerate(namespaces):
+            pid, a = pids[r], run.agents[r]
+            # in the GPU's namespace, not the launcher's, and forked by the launcher
+            assert _inode(f"/proc/{pid}/ns/net") == _inode(f"/var/run/netns/{ns}")
+            assert _inode(f"/proc/{pid}/ns/net") != _inode(f"/proc/{run.proc.pid}/ns/net")
+            ppid = int(open(f"/proc/{pid}/stat").read().rsplit(") ", 1)[1].split()[1])
+            assert ppid == run.proc.pid
+            # its stdin and stdout are its own pipes, and no other rank's end stays in it (once the
+            # child has set itself up: the launcher reports it as soon as it is forked)
+            mine = {str(a.stdin.fileno()), str(a.stdout.fileno())}
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                fds = {p.split("=")[0] for p in _pipes(pid)}
+                if fds <= {"0", "1", "2"} and {"0", "1"} <= fds:
+                    break
+                time.sleep(0.02)
+            assert {"0", "1"} <= fds <= {"0", "1", "2"}, (fds, mine)
+        # a closed command pipe ends an agent, as when its pool dies; its answers then reach EOF
+        a0, a1, a2 = (run.agents[r] for r in range(3))
+        a0.stdin.close()
+        assert a0.wait(timeout=10) == 0
+        assert a0.stdout.read() == ""
+        # a killed one is reported by its signal; the third, whose pipes stay open, still runs
+        a1.kill()
+        assert a1.wait(timeout=10) == -9
+        assert a2.poll() is None and os.path.exists(f"/proc/{a2.pid}")
+        a2.stdin.close()
+        assert a2.wait(timeout=10) == 0
+        run.wait(timeout=10)
+        assert run.proc.returncode == 0
+        for pid in pids.values():
+            assert not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read().rsplit(") ", 1)[1][:1]
+    finally:
+        run.kill()
+
+
+@pytest.mark.netns
+def test_a_launcher_killed_with_its_agents_leaves_no_process(namespaces):
+    run = spawn.Launched({r: ns for r, ns in enumerate(namespaces)})
+    pids = [a.pid for a in run.agents.values()]
+    run.kill()
+    run.wait(timeout=10)
+    deadline = time.monotonic() + 5
+    while any(os.path.exists(f"/proc/{p}") for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [p for p in pids if os.path.exists(f"/proc/{p}")]
+
+
+def test_the_launcher_refuses_names_labctl_does_not_make():
+    with pytest.raises(ValueError):
+        launcher.parse(json.dumps([{"rank": 0, "namespace": "../../etc", "stdin": 3, "stdout": 4}]))
+    with pytest.raises(ValueError):
+        launcher.parse(json.dumps([{"rank": "0", "namespace": "lt-a", "stdin": 3, "stdout": 4}]))
+    with pytest.raises(ValueError):
+        launcher.parse("[]")
