@@ -73,6 +73,8 @@ class StallWatch:
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      text=True, cwd="/")
                 self.procs.append(p)
+            # started together: each interpreter's start is on its own CPU, not one after the other
+            for cpu, p in zip(sorted(os.sched_getaffinity(0)), self.procs):
                 helpers.await_ready(p, f"the stall watcher on CPU {cpu}")
         except BaseException:
             self.stop()
