@@ -50,18 +50,45 @@ def dump_raw(sock: socket.socket, seq: int = 1) -> list[bytes]:
 
 
 def parse_dump(chunks: list[bytes]) -> list[QueueStats]:
-    out: list[QueueStats] = []
-    for data, off, length in netlink.replies(chunks, "qdisc dump"):
-        _fam, ifindex, handle, _parent, _info = struct.unpack_from("BxxxiIII", data, off + 16)
-        attrs = netlink.parse_attrs(data[off:off + length], 36)
-        qkind = attrs.get(TCA_KIND, b"").rstrip(b"\0").decode()
-        stats = netlink.parse_attrs(attrs.get(TCA_STATS2, b""), 0)
-        basic = stats.get(TCA_STATS_BASIC, b"")
-        nbytes, npkts = struct.unpack_from("QI", basic) if len(basic) >= 12 else (0, 0)
-        queue = stats.get(TCA_STATS_QUEUE, b"")
-        qlen, backlog, drops, _req, over = struct.unpack_from("5I", queue) if len(queue) >= 20 else (0,) * 5
-        out.append(QueueStats(ifindex, handle, qkind, backlog, qlen, drops, nbytes, npkts, over))
-    return out
+    return [_stats(data, off, length) for data, off, length in netlink.replies(chunks, "qdisc dump")]
+
+
+def _stats(data: bytes, off: int, length: int) -> QueueStats:
+    _fam, ifindex, handle, _parent, _info = struct.unpack_from("BxxxiIII", data, off + 16)
+    attrs = netlink.parse_attrs(data[off:off + length], 36)
+    qkind = attrs.get(TCA_KIND, b"").rstrip(b"\0").decode()
+    stats = netlink.parse_attrs(attrs.get(TCA_STATS2, b""), 0)
+    basic = stats.get(TCA_STATS_BASIC, b"")
+    nbytes, npkts = struct.unpack_from("QI", basic) if len(basic) >= 12 else (0, 0)
+    queue = stats.get(TCA_STATS_QUEUE, b"")
+    qlen, backlog, drops, _req, over = struct.unpack_from("5I", queue) if len(queue) >= 20 else (0,) * 5
+    return QueueStats(ifindex, handle, qkind, backlog, qlen, drops, nbytes, npkts, over)
+
+
+class RepeatedDump:
+    """parse_dump for the same namespace's dump taken again and again (the queue sampler, 200 times
+    a second): only the qdiscs of `wanted` (ifindex, handle major), and a qdisc whose message is
+    byte for byte the one of the previous dump is not parsed again. Parsing every qdisc of an idle
+    16-node lab took 3 ms a sample, most of a core at 200 Hz."""
+
+    def __init__(self, wanted: set[tuple[int, int]]):
+        self.wanted = wanted
+        self.last: dict[tuple[int, int], tuple[bytes, QueueStats]] = {}
+
+    def parse(self, chunks: list[bytes]) -> list[QueueStats]:
+        out = []
+        unpack, wanted, last = struct.unpack_from, self.wanted, self.last
+        for data, off, length in netlink.replies(chunks, "qdisc dump"):
+            ifindex, handle = unpack("iI", data, off + 20)
+            key = (ifindex, handle >> 16)
+            if key not in wanted:
+                continue
+            raw = data[off + 20:off + length]        # the message less its header, whose sequence varies
+            seen = last.get(key)
+            if seen is None or seen[0] != raw:
+                seen = last[key] = (raw, _stats(data, off, length))
+            out.append(seen[1])
+        return out
 
 
 def get_messages(wanted: set[tuple[int, int]]) -> tuple[list[bytes], list[tuple[int, int]]]:

@@ -11,8 +11,6 @@ row, so idle queues cost nothing.
 from __future__ import annotations
 
 import csv
-import json
-import os
 import threading
 import time
 from pathlib import Path
@@ -58,7 +56,7 @@ class QueueSampler:
     def __init__(self, plan: LabPlan, path: Path, hz: float = 200.0, lab_path: Path | None = None):
         self.plan, self.path, self.period = plan, path, 1.0 / hz
         self.pfc = PfcFile(lab_path)
-        self.names: dict[tuple[str, int, int], tuple[str, str, int]] = {}
+        self.names: dict[tuple[str, int, int], tuple[str, str, int, str]] = {}   # port, class, tc, CE counter
         self.socks = []
         self.marking: dict = {}     # nodes whose programs mark (ecnpath.Queues, fastmaps.Marking)
         for node in plan.nodes:
@@ -75,7 +73,10 @@ class QueueSampler:
                     self.marking[node.name] = found
             for i in node.interfaces:
                 for c in i.shaping.classes:
-                    self.names[(node.name, i.index, qos.leaf_handle(c.tc) >> 16)] = (i.name, c.name, c.tc)
+                    self.names[(node.name, i.index, qos.leaf_handle(c.tc) >> 16)] = (
+                        i.name, c.name, c.tc, qos.ce_counter_name(i.index, c.tc))
+        self.dumps = {node: qdepth.RepeatedDump({(ifindex, major) for (n, ifindex, major) in self.names if n == node})
+                      for node, _, _, _ in self.socks}
         self.stop = threading.Event()
         self.samples = 0
         self.duration = 0.0
@@ -101,13 +102,13 @@ class QueueSampler:
                     marks = nftcounters.read_marks(nft_sock, family) if nft_sock else {}
                     if node in self.marking:
                         marks = self.marking[node].add_to(marks)
-                    for q in qdepth.parse_dump(chunks):
+                    for q in self.dumps[node].parse(chunks):
                         key = (node, q.ifindex, q.handle >> 16)
                         name = self.names.get(key)
                         if name is None:
                             continue
                         p = pfc.get((node, name[0], name[2]))
-                        row = (q.backlog, q.bytes, q.packets, q.drops, marks.get(qos.ce_counter_name(q.ifindex, name[2]), 0),
+                        row = (q.backlog, q.bytes, q.packets, q.drops, marks.get(name[3], 0),
                                *((p["pfc_tx"], p["pfc_rx"], p["paused_s"]) if p else (0, 0, 0.0)))
                         if last.get(key) != row:
                             last[key] = row
