@@ -1,8 +1,9 @@
 """The pool's side of the launcher (launcher.py): one process forks every agent of a run.
 
-`start(namespaces)` returns one `Agent` per rank with what the pool used from `subprocess.Popen`:
-`stdin` and `stdout` as text, `pid`, `poll()`, `wait(timeout)` and `kill()`. The launcher is this
-process's child; the agents are its children, so their exit codes come from its reports.
+`Launched({rank: namespace})` holds one `Agent` per rank (`.agents`) with what the pool used from
+`subprocess.Popen`: `stdin` and `stdout` as text, `pid`, `poll()`, `wait(timeout)` and `kill()`.
+The launcher is this process's child; the agents are its children, so their exit codes come from
+its reports.
 """
 from __future__ import annotations
 
