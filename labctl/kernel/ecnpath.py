@@ -31,13 +31,15 @@ import mmap
 import os
 import struct
 import sys
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from labctl import switches
 from labctl.errors import LabError
 from labctl.kernel import ebpf, nsutil, rtnl
 from labctl.kernel.ecnprog import CLASSES, KMIN, MARKS, VALUE, depart_program, mark_program, profile
+
+if TYPE_CHECKING:
+    import numpy as np
 from labctl.plan import qos
 from labctl.plan.model import LabPlan, Node
 from labctl.plan.share import carries_agent
@@ -185,6 +187,7 @@ class Queues:
         entries = len(node.interfaces) * CLASSES
         size = -(-entries * VALUE // mmap.PAGESIZE) * mmap.PAGESIZE
         self.mem = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0))
+        import numpy as np      # here, not at the top: every labctl command imports this module
         # one row of six 64-bit words per slot: arrived, departed, offset, (kmin, span), (pmax, on), marks
         self.rows = np.frombuffer(self.mem, dtype=np.int64, count=entries * VALUE // 8).reshape(entries, VALUE // 8)
         self.corrections = 0
