@@ -88,10 +88,35 @@ def test_a_launcher_killed_with_its_agents_leaves_no_process(namespaces):
     pids = [a.pid for a in run.agents.values()]
     run.kill()
     run.wait(timeout=10)
-    deadline = time.monotonic() + 5
+    # the launcher reaped them before it ended: none is left to init as a zombie (init here took
+    # over a second to reap such orphans)
+    deadline = time.monotonic() + 1
     while any(os.path.exists(f"/proc/{p}") for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not [p for p in pids if os.path.exists(f"/proc/{p}")]
+
+
+@pytest.mark.netns
+def test_three_hundred_agents_start_from_one_launcher_and_end_with_their_pipes(namespaces):
+    """A large run's list goes to the launcher on stdin (one argument is limited to 128 KiB), and every
+    rank gets its own command pipe, and ends when that pipe closes."""
+    run = spawn.Launched({r: namespaces[r % 3] for r in range(300)})
+    try:
+        assert len({a.pid for a in run.agents.values()}) == 300
+        # each one's stdin is the very pipe this side writes to (once the child has taken it)
+        deadline = time.monotonic() + 10
+        for a in run.agents.values():
+            mine = f"pipe:[{os.fstat(a.stdin.fileno()).st_ino}]"
+            while os.readlink(f"/proc/{a.pid}/fd/0") != mine and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert os.readlink(f"/proc/{a.pid}/fd/0") == mine, a.rank
+        for a in run.agents.values():
+            a.stdin.close()
+        assert all(a.wait(timeout=30) == 0 and a.stdout.read() == "" for a in run.agents.values())
+        run.wait(timeout=10)
+        assert run.proc.returncode == 0
+    finally:
+        run.kill()
 
 
 def test_the_launcher_refuses_names_labctl_does_not_make():

@@ -6,10 +6,11 @@ two cores, before the first packet. The launcher pays that once: it imports the 
 one child per rank from inside that rank's GPU namespace. The child takes its two pipes as stdin
 and stdout and runs `agent.main()`, as the interpreter started by `ip netns exec` did.
 
-    python -P -m labctl.traffic.launcher '[{"rank": 0, "namespace": "lab-gpu0", "stdin": 5, "stdout": 6}, ...]'
+    echo '[{"rank": 0, "namespace": "lab-gpu0", "stdin": 5, "stdout": 6}, ...]' | python -P -m labctl.traffic.launcher
 
 The pool passes each agent's read end of its command pipe and write end of its answer pipe
-(`pass_fds`). The launcher reports on its stdout, one JSON line each:
+(`pass_fds`), and the list on stdin (a 1,024-rank list is too long for one argument). The launcher
+reports on its stdout, one JSON line each:
 `{"event": "started", "rank": R, "pid": P}` as each child is forked, and
 `{"event": "exited", "rank": R, "code": C}` as each one ends (C < 0: killed by signal -C); it
 returns when all have ended. A child whose pool went away sees its stdin end and exits, as before.
@@ -33,6 +34,9 @@ def _child(spec: dict, others: list[int]) -> None:
         os.dup2(spec["stdout"], 1)
         for fd in others:
             os.close(fd)
+        # fresh files on the new 0 and 1: the launcher's own stdin was read to its end
+        sys.stdin = open(0, "r", closefd=False)
+        sys.stdout = open(1, "w", buffering=1, closefd=False)
         agent.main()
         sys.stdout.flush()
     except BaseException:       # noqa: BLE001 - a child must never return into the launcher's loop
@@ -78,7 +82,7 @@ def parse(arg: str) -> list[dict]:
 
 
 def main() -> None:
-    specs = parse(sys.argv[1])
+    specs = parse(sys.stdin.read())
 
     def say(obj):
         sys.stdout.write(json.dumps(obj) + "\n")

@@ -53,6 +53,7 @@ class Launched:
     def __init__(self, namespaces: dict[int, str], started: float = 60.0):
         self.agents: dict[int, Agent] = {}
         specs, theirs = [], []
+        procs.raise_fd_limit(4 * len(namespaces) + 64)     # both ends of two pipes a rank, until the launcher has its own
         try:
             for rank, ns in namespaces.items():
                 cmd_r, cmd_w = os.pipe()
@@ -62,9 +63,11 @@ class Launched:
                                           os.fdopen(ans_r, "r", buffering=1))
                 specs.append({"rank": rank, "namespace": ns, "stdin": cmd_r, "stdout": ans_w})
             # -P and cwd=/: the launcher imports labctl from its install, not from the caller's directory
-            self.proc = subprocess.Popen([sys.executable, "-P", "-m", "labctl.traffic.launcher", json.dumps(specs)],
-                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, bufsize=1,
+            self.proc = subprocess.Popen([sys.executable, "-P", "-m", "labctl.traffic.launcher"],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
                                          cwd="/", pass_fds=theirs)
+            self.proc.stdin.write(json.dumps(specs))
+            self.proc.stdin.close()
         finally:
             for fd in theirs:
                 os.close(fd)
@@ -101,9 +104,13 @@ class Launched:
         self._started.set()
 
     def kill(self) -> None:
+        """Kill the agents, and let the launcher reap them and end (killed first, it would leave
+        them to init as zombies); kill it too if it does not."""
         for a in self.agents.values():
             a.kill()
-        if self.proc.poll() is None:
+        try:
+            self.proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
             self.proc.kill()
 
     def wait(self, timeout: float | None = None) -> None:
