@@ -62,9 +62,11 @@ class StallWatch:
 
     def __init__(self, enabled: bool = True):
         self.enabled = enabled
-        self.procs: list[subprocess.Popen] = []
+        self.procs: list[tuple[int, subprocess.Popen]] = []   # (cpu, watcher)
 
     def start(self) -> "StallWatch":
+        """Start a watcher on every CPU; `ready()` waits until they watch, so that other start-up
+        work (the agents) runs while their interpreters start."""
         if not self.enabled:
             return self
         try:
@@ -72,9 +74,15 @@ class StallWatch:
                 p = subprocess.Popen([sys.executable, "-P", "-m", "labctl.telemetry.stallwatch", str(cpu)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      text=True, cwd="/")
-                self.procs.append(p)
-            # started together: each interpreter's start is on its own CPU, not one after the other
-            for cpu, p in zip(sorted(os.sched_getaffinity(0)), self.procs):
+                self.procs.append((cpu, p))
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def ready(self) -> "StallWatch":
+        try:
+            for cpu, p in self.procs:
                 helpers.await_ready(p, f"the stall watcher on CPU {cpu}")
         except BaseException:
             self.stop()
@@ -86,7 +94,7 @@ class StallWatch:
         if not self.enabled:
             return None
         out = {}
-        for p in self.procs:
+        for _, p in self.procs:
             try:
                 text, _ = p.communicate(timeout=5)     # closing stdin stops it
                 doc = json.loads(text)

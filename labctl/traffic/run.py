@@ -259,6 +259,7 @@ def _play(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, ops: list, tcp_flo
     pool = sampler = tcp = None
     try:
         pool = AgentPool(plan, lab, ranks, options) if ops else None
+        stalls.ready()          # started before the agents, watching once they are
         sampler = QueueSampler(plan, out_dir / "queues.csv", lab_path=lab.path).start()
         tcp = FlowRun(tcp_flows).start() if tcp_flows else None
         for k, op in enumerate(ops):
