@@ -28,16 +28,35 @@ def _inode(path: str) -> int:
     return os.stat(path).st_ino
 
 
-def _pipes(pid: int) -> list[str]:
-    out = []
+def _fds(pid: int) -> dict[int, str]:
+    out = {}
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            out[int(fd)] = os.readlink(f"/proc/{pid}/fd/{fd}")
         except OSError:
             continue
-        if target.startswith("pipe:"):
-            out.append(f"{fd}={target}")
-    return sorted(out)
+    return out
+
+
+def _in_namespace(ns: str) -> list[int]:
+    """Every process whose network namespace is `ns`."""
+    want = os.stat(f"/var/run/netns/{ns}").st_ino
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.stat(f"/proc/{pid}/ns/net").st_ino == want:
+                out.append(int(pid))
+        except OSError:
+            continue
+    return out
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(") ", 1)[1].startswith("Z")    # dead, left for init to reap
+    except OSError:
+        return True
 
 
 @pytest.mark.netns
@@ -53,16 +72,17 @@ def test_each_agent_runs_in_its_namespace_with_only_its_own_pipes_and_ends_with_
             assert _inode(f"/proc/{pid}/ns/net") != _inode(f"/proc/{run.proc.pid}/ns/net")
             ppid = int(open(f"/proc/{pid}/stat").read().rsplit(") ", 1)[1].split()[1])
             assert ppid == run.proc.pid
-            # its stdin and stdout are its own pipes, and no other rank's end stays in it (once the
-            # child has set itself up: the launcher reports it as soon as it is forked)
-            mine = {str(a.stdin.fileno()), str(a.stdout.fileno())}
+            # its stdin and stdout are its own pipes, and nothing else of the launcher's stays open in
+            # it: no other rank's pipe, no namespace descriptor (once the child has set itself up: the
+            # launcher reports it as soon as it is forked)
+            mine = {0: f"pipe:[{os.fstat(a.stdin.fileno()).st_ino}]", 1: f"pipe:[{os.fstat(a.stdout.fileno()).st_ino}]"}
             deadline = time.monotonic() + 5
             while time.monotonic() < deadline:
-                fds = {p.split("=")[0] for p in _pipes(pid)}
-                if fds <= {"0", "1", "2"} and {"0", "1"} <= fds:
+                fds = _fds(pid)
+                if set(fds) == {0, 1, 2} and all(fds[k] == v for k, v in mine.items()):
                     break
                 time.sleep(0.02)
-            assert {"0", "1"} <= fds <= {"0", "1", "2"}, (fds, mine)
+            assert set(fds) == {0, 1, 2} and all(fds[k] == v for k, v in mine.items()), fds
         # a closed command pipe ends an agent, as when its pool dies; its answers then reach EOF
         a0, a1, a2 = (run.agents[r] for r in range(3))
         a0.stdin.close()
@@ -119,6 +139,28 @@ def test_three_hundred_agents_start_from_one_launcher_and_end_with_their_pipes(n
         run.kill()
 
 
+@pytest.mark.netns
+def test_a_namespace_gone_mid_list_fails_located_and_leaves_no_agent(namespaces):
+    from labctl.errors import LabError
+    gone = namespaces[0].rsplit("-", 1)[0] + "-gone"
+    with pytest.raises(LabError, match=f"before starting rank 1 \\(in {gone}\\)"):
+        spawn.Launched({0: namespaces[0], 1: gone, 2: namespaces[2]})
+    # rank 0 had been forked into its namespace: the launcher killed and reaped it before it ended
+    assert _in_namespace(namespaces[0]) == []
+
+
+@pytest.mark.netns
+def test_agents_of_a_launcher_killed_under_them_are_killed_by_their_pool(namespaces):
+    run = spawn.Launched({r: ns for r, ns in enumerate(namespaces)})
+    pids = [a.pid for a in run.agents.values()]
+    os.kill(run.proc.pid, 9)                 # the launcher alone, as the OOM killer would
+    assert all(a.wait(timeout=10) == -9 for a in run.agents.values())
+    deadline = time.monotonic() + 5
+    while not all(_gone(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(_gone(p) for p in pids), [p for p in pids if not _gone(p)]
+
+
 def test_the_launcher_refuses_names_labctl_does_not_make():
     with pytest.raises(ValueError):
         launcher.parse(json.dumps([{"rank": 0, "namespace": "../../etc", "stdin": 3, "stdout": 4}]))
@@ -126,3 +168,8 @@ def test_the_launcher_refuses_names_labctl_does_not_make():
         launcher.parse(json.dumps([{"rank": "0", "namespace": "lt-a", "stdin": 3, "stdout": 4}]))
     with pytest.raises(ValueError):
         launcher.parse("[]")
+    with pytest.raises(ValueError, match="another rank's"):
+        launcher.parse(json.dumps([{"rank": 0, "namespace": "lt-a", "stdin": 3, "stdout": 4},
+                                   {"rank": 1, "namespace": "lt-b", "stdin": 4, "stdout": 5}]))
+    with pytest.raises(ValueError, match="standard"):
+        launcher.parse(json.dumps([{"rank": 0, "namespace": "lt-a", "stdin": 0, "stdout": 4}]))

@@ -109,10 +109,11 @@ class AgentPool:
         try:
             self.launched = spawn.Launched({r: self.nodes[r].namespace for r in ranks})
             self._journal("launcher", self.launched.identity)
+            for r, a in self.launched.agents.items():
+                self._journal(r, a.identity)
             for r in ranks:
                 node = self.nodes[r]
                 p = self.procs[r] = self.launched.agents[r]
-                self._journal(r, p.identity)
                 threading.Thread(target=self._read, args=(r, p), daemon=True).start()
                 peers = {}
                 for q in self.nodes.values():
@@ -223,24 +224,24 @@ class AgentPool:
         self.lab.journal("pid", ident)
 
     def _end(self, kill: bool) -> None:
-        for p in self.procs.values():
+        agents = list(self.launched.agents.values()) if self.launched is not None else []
+        for p in agents:
             if kill and p.poll() is None:
                 p.kill()
             try:
                 p.stdin.close()         # an agent whose commands end exits, as when its pool dies
             except OSError:
                 pass
+        for p in agents:
             try:
                 p.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 p.kill()
-                p.wait(timeout=5)
         if self.launched is not None:
             try:
                 self.launched.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 self.launched.kill()
-                self.launched.wait()
         for ident in self.identities.values():
             self.lab.journal("released-pid", ident)
         self.identities = {}

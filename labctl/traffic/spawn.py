@@ -15,15 +15,16 @@ import sys
 import threading
 
 from labctl import procs
+from labctl.errors import LabError
 
 
 class Agent:
     def __init__(self, rank: int, stdin, stdout):
         self.rank, self.stdin, self.stdout = rank, stdin, stdout
         self.pid: int | None = None
+        self.identity: str | None = None   # "PID:START", read by the launcher before it could reap it
         self.returncode: int | None = None
         self._ended = threading.Event()
-        self.identity: str | None = None
 
     def poll(self) -> int | None:
         return self.returncode
@@ -34,12 +35,19 @@ class Agent:
         return self.returncode
 
     def kill(self) -> None:
-        """SIGKILL, only while the process is still the one the launcher forked (checked by its start
-        time: its pid is free for reuse as soon as the launcher has reaped it)."""
-        if self.returncode is None and self.identity and procs.verified(self.identity):
+        """SIGKILL, only while the process is still the one the launcher forked (its start time
+        checked: once reaped, its pid may belong to another process)."""
+        if self.identity and procs.verified(self.identity):
             try:
                 os.kill(self.pid, signal.SIGKILL)
             except ProcessLookupError:
+                pass
+
+    def close(self) -> None:
+        for f in (self.stdin, self.stdout):
+            try:
+                f.close()
+            except OSError:
                 pass
 
     def _ended_with(self, code: int) -> None:
@@ -52,6 +60,19 @@ class Launched:
 
     def __init__(self, namespaces: dict[int, str], started: float = 60.0):
         self.agents: dict[int, Agent] = {}
+        self.proc: subprocess.Popen | None = None
+        try:
+            self._start(namespaces, started)
+        except BaseException as exc:
+            self.kill()
+            for a in self.agents.values():
+                a.close()
+            if isinstance(exc, (OSError, TimeoutError, RuntimeError)):
+                raise LabError(f"the traffic agents could not be started: {exc}",
+                               "`labctl status` shows whether the lab is still up") from exc
+            raise
+
+    def _start(self, namespaces: dict[int, str], started: float) -> None:
         specs, theirs = [], []
         procs.raise_fd_limit(4 * len(namespaces) + 64)     # both ends of two pipes a rank, until the launcher has its own
         try:
@@ -66,22 +87,21 @@ class Launched:
             self.proc = subprocess.Popen([sys.executable, "-P", "-m", "labctl.traffic.launcher"],
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
                                          cwd="/", pass_fds=theirs)
+            self.identity = procs.identity(self.proc.pid)
             self.proc.stdin.write(json.dumps(specs))
             self.proc.stdin.close()
         finally:
             for fd in theirs:
                 os.close(fd)
-        self.identity = procs.identity(self.proc.pid)
         self._started = threading.Event()
         self._lines = threading.Thread(target=self._read, daemon=True)
         self._lines.start()
         if not self._started.wait(started):
-            self.kill()
             raise TimeoutError(f"the agent launcher started no agent within {started:.0f} s")
         missing = [r for r, a in self.agents.items() if a.pid is None]
         if missing:
-            self.kill()
-            raise RuntimeError(f"the agent launcher ended (code {self.proc.wait()}) before starting rank {missing[0]}")
+            raise RuntimeError(f"the agent launcher ended (code {self.proc.wait()}) before starting rank "
+                               f"{missing[0]} (in {namespaces[missing[0]]})")
 
     def _read(self) -> None:
         for line in self.proc.stdout:
@@ -91,15 +111,17 @@ class Launched:
             except (ValueError, KeyError, TypeError):
                 continue
             if msg.get("event") == "started":
-                a.pid = int(msg["pid"])
-                a.identity = procs.identity(a.pid)
+                a.pid, a.identity = int(msg["pid"]), str(msg["identity"])
                 if all(x.pid is not None for x in self.agents.values()):
                     self._started.set()
             elif msg.get("event") == "exited":
                 a._ended_with(int(msg["code"]))
         self.proc.wait()
-        for a in self.agents.values():      # the launcher is gone: nothing more can be known of them
+        for a in self.agents.values():
             if a.returncode is None:
+                # the launcher is gone without reaping it (killed): an agent still running is killed,
+                # and nothing more can be known of it
+                a.kill()
                 a._ended_with(-signal.SIGKILL)
         self._started.set()
 
@@ -108,10 +130,13 @@ class Launched:
         them to init as zombies); kill it too if it does not."""
         for a in self.agents.values():
             a.kill()
+        if self.proc is None:
+            return
         try:
             self.proc.wait(timeout=2)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+            self.proc.wait()
 
     def wait(self, timeout: float | None = None) -> None:
         self.proc.wait(timeout)
