@@ -11,6 +11,7 @@ import uuid
 import pytest
 
 from conftest import require_root
+from labctl.kernel import nsutil
 from labctl.traffic import launcher, spawn
 
 @pytest.fixture
@@ -33,19 +34,6 @@ def _fds(pid: int) -> dict[int, str]:
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
             out[int(fd)] = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-    return out
-
-
-def _in_namespace(ns: str) -> list[int]:
-    """Every process whose network namespace is `ns`."""
-    want = os.stat(f"/var/run/netns/{ns}").st_ino
-    out = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if os.stat(f"/proc/{pid}/ns/net").st_ino == want:
-                out.append(int(pid))
         except OSError:
             continue
     return out
@@ -146,7 +134,7 @@ def test_a_namespace_gone_mid_list_fails_located_and_leaves_no_agent(namespaces)
     with pytest.raises(LabError, match=f"before starting rank 1 \\(in {gone}\\)"):
         spawn.Launched({0: namespaces[0], 1: gone, 2: namespaces[2]})
     # rank 0 had been forked into its namespace: the launcher killed and reaped it before it ended
-    assert _in_namespace(namespaces[0]) == []
+    assert nsutil.pids_in({nsutil.inode(namespaces[0])}) == []
 
 
 @pytest.mark.netns
