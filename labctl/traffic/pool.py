@@ -82,6 +82,21 @@ def retransmission_timeout(plan: LabPlan) -> float:
     return max(0.02, 250e-6 * plan.dilation) + max(wan, default=0.0)
 
 
+# What a healthy agent can wait on top of the lab's own silences: the machine's stalls (a CPU taken
+# by another lab's burst, a page fault storm) and its own scheduling, under load, with margin.
+STALL_MARGIN_S = 1.5
+
+
+def quiet_floor(plan: LabPlan) -> float:
+    """The longest a healthy lab can leave a waiting agent with nothing arriving, lab seconds: two
+    go-back-N timers (a lost message's resend, and the loss of that resend), the time its deepest
+    queue takes to drain (a paused or full queue delivers its last packet that late) and the
+    machine's stalls. An agent that hears nothing for longer has lost what it waits for."""
+    drain = max((c.buffer_bytes * 8 / i.shaping.rate_bps for n in plan.nodes for i in n.interfaces
+                 if i.shaping is not None and i.shaping.rate_bps for c in i.shaping.classes), default=0.0)
+    return STALL_MARGIN_S + 2 * retransmission_timeout(plan) + drain
+
+
 class AgentPool:
     """One agent process per participating rank, each inside its GPU's namespace."""
 

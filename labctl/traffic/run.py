@@ -20,7 +20,7 @@ from labctl.telemetry.sampler import QueueSampler
 from labctl.traffic import algorithms, causes, fabricmap, flows, fsdp, placement, report, schedule as sch, train_run
 from labctl.traffic.dcqcn import Params
 from labctl.traffic.tcpflow import FlowRun
-from labctl.traffic.pool import ID_MASK, AgentPool, RunOptions, bound_parts, gpu_ranks, local_index
+from labctl.traffic.pool import ID_MASK, AgentPool, RunOptions, bound_parts, gpu_ranks, local_index, quiet_floor
 from labctl.traffic.workload import MAX_OPS, LoadedWorkload
 
 
@@ -262,12 +262,13 @@ def _play(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, ops: list, tcp_flo
         stalls.ready()          # started before the agents, watching once they are
         sampler = QueueSampler(plan, out_dir / "queues.csv", lab_path=lab.path).start()
         tcp = FlowRun(tcp_flows).start() if tcp_flows else None
+        floor = quiet_floor(plan)
         for k, op in enumerate(ops):
             bound = bound_parts(plan, op.schedule, nodes, alpha)
             if op.compute_s:        # a train: step computes between its transfers: no network is faster
                 bound = {**bound, "compute_s": op.compute_s, "total_s": bound["total_s"] + op.compute_s}
             ideal = bound["total_s"]
-            timeout, quiet = time_outs(w.options.timeout, ideal)
+            timeout, quiet = time_outs(w.options.timeout, ideal, floor)
             reports = pool.run(op.schedule, k, timeout, quiet)
             if progress:
                 progress(k + 1, len(ops), op.label)
@@ -326,16 +327,18 @@ def fabric_bytes(plan: LabPlan, ops: list[Op], before: dict, after: dict, tcp: b
 
 
 # With no `timeout` given, an operation may take up to SLOW_FACTOR x its bound as long as it moves,
-# and stops once nothing has reached an agent for QUIET_FACTOR x its bound (at least QUIET_MIN_S).
-# A fixed 10x the bound cut off slow but healthy all-reduces on an emulated CPU (11x at 64 MB).
-SLOW_FACTOR, QUIET_FACTOR, QUIET_MIN_S = 100, 2, 10.0
+# and stops once nothing has reached an agent for QUIET_FACTOR x its bound, or for the lab's own
+# longest healthy silence if that is longer (pool.quiet_floor). A fixed 10x the bound cut off slow
+# but healthy all-reduces on an emulated CPU (11x at 64 MB).
+SLOW_FACTOR, QUIET_FACTOR = 100, 2
 
 
-def time_outs(given_ns: int | None, ideal: float) -> tuple[float, float]:
-    """(deadline, quiet) in seconds for one operation: a given `timeout` is both."""
+def time_outs(given_ns: int | None, ideal: float, floor: float) -> tuple[float, float]:
+    """(deadline, quiet) in seconds for one operation: a given `timeout` is both; `floor` is the
+    least silence allowed (pool.quiet_floor of the lab)."""
     if given_ns:
         return given_ns / 1e9, given_ns / 1e9
-    return SLOW_FACTOR * ideal + 60, max(QUIET_MIN_S, QUIET_FACTOR * ideal)
+    return SLOW_FACTOR * ideal + 60, max(floor, QUIET_FACTOR * ideal)
 
 
 def _result(plan: LabPlan, op: Op, ideal: float, reports: dict) -> dict:
