@@ -93,10 +93,11 @@ class Agent:
         return True
 
     def run(self, op: dict) -> dict:
+        received = time.monotonic()     # the pool sizes the next operation's start margin by it
         start = op["start"]
         deadline = self.sender.deadline = start + op["timeout"]
         quiet = op.get("quiet", op["timeout"])
-        delay = start - time.monotonic()
+        delay = start - received
         if delay > 0:
             time.sleep(delay)
         arrived, cond = self.receiver.arrived, self.receiver.cond
@@ -130,7 +131,7 @@ class Agent:
             missing = [i for i in expect if i not in arrived]
         end = max([s[2] for s in sends] + [r[1] for r in recvs] + [0.0])
         return {"event": "done", "op": op["op"], "rank": self.rank, "end": end, "sends": sends, "recvs": recvs,
-                "missing": missing, "timed_out": timed_out}
+                "missing": missing, "timed_out": timed_out, "received": received}
 
     def counters(self) -> dict:
         rx = [{"peer": ip, "qpn": dq, **q.public()} for (ip, dq), q in self.receiver.qps.items()]

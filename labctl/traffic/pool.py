@@ -82,6 +82,10 @@ def retransmission_timeout(plan: LabPlan) -> float:
     return max(0.02, 250e-6 * plan.dilation) + max(wan, default=0.0)
 
 
+# An operation's first start waits START_MARGIN_S (+ 2 ms a rank) for its command to reach every
+# agent; later ones wait what dispatch has been seen to take (AgentPool.start_margin).
+START_MARGIN_S, MIN_START_MARGIN_S = 0.05, 0.005
+
 # What a healthy agent can wait on top of the lab's own silences: the machine's stalls (a CPU taken
 # by another lab's burst, a page fault storm) and its own scheduling, under load, with margin.
 STALL_MARGIN_S = 1.5
@@ -109,6 +113,7 @@ class AgentPool:
                            f"its ranks are {min(self.nodes)}..{max(self.nodes)}")
         self.ranks = ranks
         self.rto = retransmission_timeout(plan)
+        self.dispatch_s: float | None = None    # how late the slowest agent got an operation, lately
         self.procs: dict[int, spawn.Agent] = {}
         self.identities: dict[str, str] = {}    # journaled as started, and as ended once reaped
         self.launched: spawn.Launched | None = None
@@ -203,18 +208,38 @@ class AgentPool:
                                              "src_addr": ia.address.split("/")[0],
                                              "dst_addr": ib.address.split("/")[0], "delay": t.delay})
             per_rank[t.dst]["recvs"].append(tag | t.id)
-        start = time.monotonic() + 0.05 + 0.002 * len(schedule.ranks)
+        sent = time.monotonic()
+        start = sent + self.start_margin(len(schedule.ranks))
         for r in schedule.ranks:
             self._send(r, {"cmd": "run", "op": op, "start": start, "timeout": timeout,
                            "quiet": timeout if quiet is None else quiet, "rto": self.rto,
                            **per_rank[r]})
         reports = self._collect("done", len(schedule.ranks), timeout + 30)
+        got = [rep.get("received") for rep in reports.values()]
+        if got and None not in got:      # an agent that does not say keeps the full margin
+            self.observe_dispatch(max(got) - sent)
         for rep in reports.values():         # back to the schedule's own ids
             for key in ("sends", "recvs"):
                 for x in rep.get(key, []):
                     x[0] &= ID_MASK
             rep["missing"] = [i & ID_MASK for i in rep.get("missing", [])]
         return reports
+
+    def start_margin(self, ranks: int) -> float:
+        """How far ahead of now an operation starts, so that every agent holds its command by then:
+        the full margin until the agents' dispatch has been seen, then 4x the slowest dispatch of
+        late (at least 5 ms). An FSDP step is 64 operations: a fixed 66 ms each was 4 s of a 7.8 s
+        run spent waiting for starts."""
+        full = START_MARGIN_S + 0.002 * ranks
+        if self.dispatch_s is None:
+            return full
+        return min(full, max(MIN_START_MARGIN_S, 4 * self.dispatch_s))
+
+    def observe_dispatch(self, latency: float) -> None:
+        """A decaying maximum: one slow dispatch (a stalled CPU) widens the margin at once, and
+        it narrows again by a fifth an operation."""
+        latency = max(0.0, latency)
+        self.dispatch_s = latency if self.dispatch_s is None else max(latency, 0.8 * self.dispatch_s)
 
     def close(self, kill: bool = False) -> dict[int, dict]:
         if not kill:
