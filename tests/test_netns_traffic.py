@@ -214,7 +214,7 @@ def test_incast_loss_is_accounted_by_the_receiver(lab, tmp_path):
 
 def test_a_collective_that_stopped_moving_gives_up_long_before_its_deadline(lab, tmp_path):
     """No `timeout` given and the receiver's link down: its message never comes. The run gives up
-    once nothing has arrived for 2 x the bound or the lab's longest healthy silence (about 3.8 s
+    once nothing has arrived for 2 x the bound or the lab's longest healthy silence (about 5.2 s
     here), not at the deadline (100 x the bound + 60 s, there for slow but moving runs: an emulated
     CPU runs the agents 5-10x slower)."""
     from labctl.traffic.pool import quiet_floor
@@ -232,7 +232,7 @@ def test_a_collective_that_stopped_moving_gives_up_long_before_its_deadline(lab,
     (r,) = doc["results"]
     deadline, quiet = time_outs(None, r["ideal_s"], quiet_floor(plan))
     assert r["timed_out"] and r["wrong"] >= 1, r
-    assert deadline > 60 and 3 < quiet < 5, (deadline, quiet)
+    assert deadline > 60 and 4.5 < quiet < 6, (deadline, quiet)
     assert quiet < took < quiet + 5, took
     assert labmod.pingall(plan, "backend")[1] == []       # the shared lab is whole again
 

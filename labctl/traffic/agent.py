@@ -26,6 +26,7 @@ IP_RECVTOS = 13
 SO_RCVBUFFORCE = 33          # root may exceed net.core.rmem_max: a burst must not overflow the socket
 RCVBUF = 32 << 20
 LATE_GRACE_S = 0.2            # how long a message short of a packet waits for it to come late
+RECEIVER_GRACE_S = 0.2        # one more wait before silence is declared, for packets a stall left unread
 
 
 class Agent:
@@ -72,10 +73,17 @@ class Agent:
         moves is never cut off for being slow (an emulated CPU runs the agents 5-10x slower),
         one that stopped is not waited for to its deadline."""
         cond = self.receiver.cond
+        graced = False
         while not pred():
             now = time.monotonic()
             end = min(deadline, max(since, self.last_arrival) + quiet)
             if now >= end:
+                if end < deadline and not graced:
+                    # after a stall of this process, the receiver thread may hold packets it has
+                    # not read yet: one more wait lets it count them before silence is declared
+                    graced = True
+                    cond.wait(RECEIVER_GRACE_S)
+                    continue
                 return False
             if self.sender.reliable:
                 # go-back-N goes on while we wait: both ends of a lost message may be waiting on
@@ -93,7 +101,7 @@ class Agent:
         return True
 
     def run(self, op: dict) -> dict:
-        received = time.monotonic()     # the pool sizes the next operation's start margin by it
+        received = time.monotonic()     # after `start` if the `go` came late: the pool reports it
         start = op["start"]
         deadline = self.sender.deadline = start + op["timeout"]
         quiet = op.get("quiet", op["timeout"])
@@ -103,7 +111,7 @@ class Agent:
         arrived, cond = self.receiver.arrived, self.receiver.cond
         sends = []
         timed_out = False
-        progress = start
+        progress = max(start, received)     # silence counts from when this agent could begin
         for t in op["sends"]:
             with cond:
                 ok = self._wait(lambda: all(d in arrived for d in t["after"]), deadline, quiet, progress,
@@ -140,7 +148,7 @@ class Agent:
 
 
 def main() -> None:
-    agent = None
+    agent = pending = None
 
     def say(obj):
         sys.stdout.write(json.dumps(obj) + "\n")
@@ -161,8 +169,11 @@ def main() -> None:
                           {int(k): v for k, v in msg.get("priorities", {}).items()}, msg.get("dcqcn"),
                           msg.get("ooo", "drop"))
             say({"event": "ready", "rank": agent.rank, "pid": os.getpid()})
-        elif cmd == "run":
-            say(agent.run(msg))
+        elif cmd == "run":          # parsed now; it starts with the `go` that names its start
+            pending = msg
+            say({"event": "armed", "rank": agent.rank})
+        elif cmd == "go":
+            say(agent.run({**pending, "start": msg["start"]}))
         elif cmd == "exit":
             time.sleep(msg.get("linger", 0.05))  # late ACKs and CNPs
             say(agent.counters())

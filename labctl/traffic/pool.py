@@ -82,9 +82,10 @@ def retransmission_timeout(plan: LabPlan) -> float:
     return max(0.02, 250e-6 * plan.dilation) + max(wan, default=0.0)
 
 
-# An operation's first start waits START_MARGIN_S (+ 2 ms a rank) for its command to reach every
-# agent; later ones wait what dispatch has been seen to take (AgentPool.start_margin).
-START_MARGIN_S, MIN_START_MARGIN_S = 0.05, 0.005
+# An operation reaches its agents in two messages: the command (however large: a 64-rank ring of
+# 1 GB is megabytes of JSON) and, once every agent has parsed it, a one-line `go` with the common
+# start time, START_MARGIN_S + 1 ms a rank ahead. A late `go` is measured, not hidden (late_start_s).
+START_MARGIN_S, START_MARGIN_PER_RANK_S = 0.015, 0.001
 
 # What a healthy agent can wait on top of the lab's own silences: the machine's stalls (a CPU taken
 # by another lab's burst, a page fault storm) and its own scheduling, under load, with margin.
@@ -96,9 +97,31 @@ def quiet_floor(plan: LabPlan) -> float:
     go-back-N timers (a lost message's resend, and the loss of that resend), the time its deepest
     queue takes to drain (a paused or full queue delivers its last packet that late) and the
     machine's stalls. An agent that hears nothing for longer has lost what it waits for."""
-    drain = max((c.buffer_bytes * 8 / i.shaping.rate_bps for n in plan.nodes for i in n.interfaces
-                 if i.shaping is not None and i.shaping.rate_bps for c in i.shaping.classes), default=0.0)
+    # a class that other classes crowd drains at its guaranteed rate, not the port's; a WAN port's
+    # queue is in the go-back-N timer already
+    wan = {lk.id for lk in plan.links if lk.wire is not None}
+    drain = max((c.buffer_bytes * 8 / (c.rate_bps or i.shaping.rate_bps) for n in plan.nodes for i in n.interfaces
+                 if i.shaping is not None and i.shaping.rate_bps and i.link not in wan for c in i.shaping.classes),
+                default=0.0)
     return STALL_MARGIN_S + 2 * retransmission_timeout(plan) + drain
+
+
+def chain_seconds(plan: LabPlan, schedule: Schedule, nodes: dict[int, Node]) -> float:
+    """The longest chain of transfers that wait for one another, each taking its bytes at its
+    sender's port rate and its path's delay: how long the last rank of a pipelined broadcast waits
+    for its first byte (the α-β bound counts the busiest port, not the fill of a chain)."""
+    from labctl.traffic.fabricmap import for_plan
+    fmap = for_plan(plan)
+    cost: dict[tuple[int, int], tuple[float, float]] = {}
+    done: dict[int, float] = {}
+    for t in sorted(schedule.transfers, key=lambda x: x.id):
+        pair = (t.src, t.dst)
+        if pair not in cost:
+            a, b = nodes[t.src], nodes[t.dst]
+            cost[pair] = (payload_rate(plan, path_ports(plan, a, b)[0]), fmap.delay_s(a, b))
+        rate, delay = cost[pair]
+        done[t.id] = max((done.get(d, 0.0) for d in t.after), default=0.0) + t.nbytes / rate + delay
+    return max(done.values(), default=0.0)
 
 
 class AgentPool:
@@ -113,7 +136,6 @@ class AgentPool:
                            f"its ranks are {min(self.nodes)}..{max(self.nodes)}")
         self.ranks = ranks
         self.rto = retransmission_timeout(plan)
-        self.dispatch_s: float | None = None    # how late the slowest agent got an operation, lately
         self.procs: dict[int, spawn.Agent] = {}
         self.identities: dict[str, str] = {}    # journaled as started, and as ended once reaped
         self.launched: spawn.Launched | None = None
@@ -208,38 +230,23 @@ class AgentPool:
                                              "src_addr": ia.address.split("/")[0],
                                              "dst_addr": ib.address.split("/")[0], "delay": t.delay})
             per_rank[t.dst]["recvs"].append(tag | t.id)
-        sent = time.monotonic()
-        start = sent + self.start_margin(len(schedule.ranks))
         for r in schedule.ranks:
-            self._send(r, {"cmd": "run", "op": op, "start": start, "timeout": timeout,
+            self._send(r, {"cmd": "run", "op": op, "timeout": timeout,
                            "quiet": timeout if quiet is None else quiet, "rto": self.rto,
                            **per_rank[r]})
+        self._collect("armed", len(schedule.ranks), 60 + timeout)
+        start = time.monotonic() + START_MARGIN_S + START_MARGIN_PER_RANK_S * len(schedule.ranks)
+        for r in schedule.ranks:
+            self._send(r, {"cmd": "go", "start": start})
         reports = self._collect("done", len(schedule.ranks), timeout + 30)
-        got = [rep.get("received") for rep in reports.values()]
-        if got and None not in got:      # an agent that does not say keeps the full margin
-            self.observe_dispatch(max(got) - sent)
+        late = max(rep["received"] for rep in reports.values()) - start
         for rep in reports.values():         # back to the schedule's own ids
+            rep["late_start_s"] = max(0.0, late)
             for key in ("sends", "recvs"):
                 for x in rep.get(key, []):
                     x[0] &= ID_MASK
             rep["missing"] = [i & ID_MASK for i in rep.get("missing", [])]
         return reports
-
-    def start_margin(self, ranks: int) -> float:
-        """How far ahead of now an operation starts, so that every agent holds its command by then:
-        the full margin until the agents' dispatch has been seen, then 4x the slowest dispatch of
-        late (at least 5 ms). An FSDP step is 64 operations: a fixed 66 ms each was 4 s of a 7.8 s
-        run spent waiting for starts."""
-        full = START_MARGIN_S + 0.002 * ranks
-        if self.dispatch_s is None:
-            return full
-        return min(full, max(MIN_START_MARGIN_S, 4 * self.dispatch_s))
-
-    def observe_dispatch(self, latency: float) -> None:
-        """A decaying maximum: one slow dispatch (a stalled CPU) widens the margin at once, and
-        it narrows again by a fifth an operation."""
-        latency = max(0.0, latency)
-        self.dispatch_s = latency if self.dispatch_s is None else max(latency, 0.8 * self.dispatch_s)
 
     def close(self, kill: bool = False) -> dict[int, dict]:
         if not kill:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from statistics import mean
 
+LATE_START_NOTED_S = 0.001    # an agent that began its operation later than this is named
+
 
 def summarize(results: list[dict]) -> list[dict]:
     """One row per (label), averaged over iterations, as nccl-tests averages its iterations."""
@@ -87,6 +89,11 @@ def table(doc: dict) -> str:
                      f"{sum(q['late'] for _, q in lost)} duplicates, {reordered} reordered, {ce} ECN-CE marks")
     if doc.get("reordering"):
         lines.append(reordering_line(doc["reordering"]))
+    late = [r for r in doc.get("results", []) if r.get("late_start_s", 0.0) > LATE_START_NOTED_S]
+    if late:
+        worst = max(r["late_start_s"] for r in late)
+        lines.append(f"# {len(late)} of {len(doc['results'])} operations began late on some agent (worst "
+                     f"{worst * 1e3:.1f} ms after the common start, counted in their time): the machine was busy")
     if "loss_ledger" in doc:
         from labctl.telemetry.ledger import summary
         lines.append("# " + summary(doc["loss_ledger"]))

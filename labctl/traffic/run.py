@@ -12,7 +12,7 @@ from labctl import procs
 from labctl.paths import new_run_dir  # noqa: F401  (where callers have always found it)
 from labctl.telemetry.stallwatch import StallWatch
 from labctl.telemetry import agentreport, reaction
-from labctl.errors import InputError, LabError, Where
+from labctl.errors import InputError, Where
 from labctl.plan.model import LabPlan
 from labctl.state import LabDir
 from labctl.telemetry import fabricports, ledger, linkbytes
@@ -20,7 +20,8 @@ from labctl.telemetry.sampler import QueueSampler
 from labctl.traffic import algorithms, causes, fabricmap, flows, fsdp, placement, report, schedule as sch, train_run
 from labctl.traffic.dcqcn import Params
 from labctl.traffic.tcpflow import FlowRun
-from labctl.traffic.pool import ID_MASK, AgentPool, RunOptions, bound_parts, gpu_ranks, local_index, quiet_floor
+from labctl.traffic.pool import (ID_MASK, AgentPool, RunOptions, bound_parts, chain_seconds, gpu_ranks,
+                                 local_index, quiet_floor)
 from labctl.traffic.workload import MAX_OPS, LoadedWorkload
 
 
@@ -71,7 +72,6 @@ def participants(plan: LabPlan, loaded: LoadedWorkload) -> list[int]:
 
 def build_ops(plan: LabPlan, loaded: LoadedWorkload, ranks: list[int]) -> list[Op]:
     w, o = loaded.workload, loaded.workload.options
-    nodes = gpu_ranks(plan)
     ops: list[Op] = []
     if w.train:
         cfg = train_run.step_config(plan, loaded, ranks)
@@ -268,7 +268,9 @@ def _play(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, ops: list, tcp_flo
             if op.compute_s:        # a train: step computes between its transfers: no network is faster
                 bound = {**bound, "compute_s": op.compute_s, "total_s": bound["total_s"] + op.compute_s}
             ideal = bound["total_s"]
-            timeout, quiet = time_outs(w.options.timeout, ideal, floor)
+            # the last rank of a chain (a pipelined broadcast) hears nothing until the chain reaches it
+            timeout, quiet = time_outs(w.options.timeout, ideal,
+                                       max(floor, QUIET_FACTOR * chain_seconds(plan, op.schedule, nodes)))
             reports = pool.run(op.schedule, k, timeout, quiet)
             if progress:
                 progress(k + 1, len(ops), op.label)
@@ -361,6 +363,8 @@ def _result(plan: LabPlan, op: Op, ideal: float, reports: dict) -> dict:
         "stage": op.stage, "time_s": t, "algbw_GBps": algbw, "busbw_GBps": algbw * factor, "ideal_s": ideal,
         "ratio": t / ideal if ideal else None, "wrong": wrong, "victim_s": victim_s,
         "timed_out": any(r["timed_out"] for r in reports.values()),
+        # a `go` that reached an agent after the common start: included in time_s, so shown
+        "late_start_s": max((r.get("late_start_s", 0.0) for r in reports.values()), default=0.0),
         "real": {"time_s": t / d, "algbw_GBps": algbw * d, "busbw_GBps": algbw * factor * d, "ideal_s": ideal / d},
         "per_rank": {str(rank): {"end_s": rep["end"], "bytes_sent": sent.get(rank, 0), "sends": rep["sends"],
                                  "recvs": rep["recvs"], "missing": rep["missing"]}
