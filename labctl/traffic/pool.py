@@ -113,14 +113,16 @@ def chain_seconds(plan: LabPlan, schedule: Schedule, nodes: dict[int, Node]) -> 
     from labctl.traffic.fabricmap import for_plan
     fmap = for_plan(plan)
     cost: dict[tuple[int, int], tuple[float, float]] = {}
+    for a, b in {(t.src, t.dst) for t in schedule.transfers}:
+        cost[(a, b)] = (payload_rate(plan, path_ports(plan, nodes[a], nodes[b])[0]), fmap.delay_s(nodes[a], nodes[b]))
+    return longest_chain(schedule, lambda t: t.nbytes / cost[(t.src, t.dst)][0] + cost[(t.src, t.dst)][1])
+
+
+def longest_chain(schedule: Schedule, seconds) -> float:
+    """The longest chain of transfers that wait for one another, each taking seconds(transfer)."""
     done: dict[int, float] = {}
     for t in sorted(schedule.transfers, key=lambda x: x.id):
-        pair = (t.src, t.dst)
-        if pair not in cost:
-            a, b = nodes[t.src], nodes[t.dst]
-            cost[pair] = (payload_rate(plan, path_ports(plan, a, b)[0]), fmap.delay_s(a, b))
-        rate, delay = cost[pair]
-        done[t.id] = max((done.get(d, 0.0) for d in t.after), default=0.0) + t.nbytes / rate + delay
+        done[t.id] = max((done.get(d, 0.0) for d in t.after), default=0.0) + seconds(t)
     return max(done.values(), default=0.0)
 
 
@@ -338,9 +340,6 @@ def bound_parts(plan: LabPlan, schedule: Schedule, nodes: dict[int, Node], alpha
     # that goes round a ring crosses the WAN where the ring does, not at every step
     delays = {pair: fmap.delay_s(nodes[pair[0]], nodes[pair[1]]) for pair in {(t.src, t.dst) for t in schedule.transfers}}
     if any(delays.values()):
-        done: dict[int, float] = {}
-        for t in sorted(schedule.transfers, key=lambda x: x.id):
-            done[t.id] = max((done.get(d, 0.0) for d in t.after), default=0.0) + delays[(t.src, t.dst)]
-        parts["propagation_s"] = max(done.values())
+        parts["propagation_s"] = longest_chain(schedule, lambda t: delays[(t.src, t.dst)])
     parts["total_s"] = sum(parts.values())
     return parts
