@@ -2,10 +2,13 @@
 so they never touch another lab, and always tear down what they built, even when they fail."""
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib.util
 import os
+import shutil
 import subprocess
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -69,6 +72,57 @@ if importlib.util.find_spec("xdist"):
 
         config.option.loadscopereorder = False
         return ByWorkerGroup(config, log)
+
+
+# hypothesis keeps what it found, and a cache of each module's constants, in .hypothesis/ under the
+# working directory, the source tree. Tests never write there: its home is a private temporary
+# directory, removed when the process ends, and a failing example is printed with what reproduces it.
+if importlib.util.find_spec("hypothesis"):
+    from hypothesis import settings as _hypothesis_settings
+    from hypothesis.configuration import set_hypothesis_home_dir
+    _HYPOTHESIS_HOME = tempfile.mkdtemp(prefix="labctl-tests-hypothesis-")
+    atexit.register(shutil.rmtree, _HYPOTHESIS_HOME, True)
+    set_hypothesis_home_dir(_HYPOTHESIS_HOME)
+    _hypothesis_settings.register_profile("labctl", database=None)
+    _hypothesis_settings.load_profile("labctl")
+
+# what the installer, git, Python and pytest keep in a checkout: every other file is the source
+NOT_SOURCE = {".venv", ".git", "__pycache__", ".pytest_cache", "labctl.egg-info"}
+SOURCE_BEFORE = pytest.StashKey[dict]()
+
+
+def source_tree() -> dict[str, int]:
+    """Every file of the checkout (outside NOT_SOURCE) and its modification time."""
+    files = {}
+    for root, dirs, names in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if d not in NOT_SOURCE]
+        for name in names:
+            path = os.path.join(root, name)
+            with contextlib.suppress(FileNotFoundError):
+                files[os.path.relpath(path, ROOT)] = os.lstat(path).st_mtime_ns
+    return files
+
+
+def pytest_sessionstart(session):
+    if not hasattr(session.config, "workerinput"):      # once, in the process xdist's workers report to
+        session.config.stash[SOURCE_BEFORE] = source_tree()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Tests write under pytest's temporary directories, never into the checkout: a run that added,
+    changed or removed a file there fails, and names it."""
+    before = session.config.stash.get(SOURCE_BEFORE, None)
+    if before is None:
+        return
+    after = source_tree()
+    touched = sorted(p for p in before.keys() | after.keys() if before.get(p) != after.get(p))
+    if touched:
+        writer = session.config.get_terminal_writer()
+        writer.line()
+        writer.line(
+            f"the tests wrote into the source tree {ROOT} (or a file was edited during the run): "
+            + ", ".join(touched[:20]), red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_collection_modifyitems(config, items):
