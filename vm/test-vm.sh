@@ -103,6 +103,8 @@ cleanup() {
   say "total $(( $(date +%s) - t_start )) s"
 }
 trap cleanup EXIT
+trap 'exit 130' INT     # bash runs no EXIT trap when a signal ends it: these make it run
+trap 'exit 143' TERM
 
 if pgrep -x libvirtd >/dev/null; then
   echo "test-vm.sh: a libvirtd is already running; this tier starts and stops its own" >&2
