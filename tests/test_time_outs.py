@@ -53,3 +53,13 @@ def test_across_a_wan_the_floor_outlasts_a_resend_of_the_round_trip():
     assert 3.8 < rtt_far < 4.0                                # 100 km at dilation 4000
     assert quiet_floor(far) > 2 * rtt_far + STALL_MARGIN_S    # a lost message's NAK, resend and its loss
     assert quiet_floor(far) > quiet_floor(near) + 2 * (rtt_far - 0.04)
+
+
+def test_a_jittered_wan_s_timer_outlasts_its_longest_round_trip():
+    """Each direction adds up to the jitter (wan/line.py): an ACK can come back 2 x jitter late."""
+    plan = plan_of("scale-across.yml", "distance=100")
+    steady = retransmission_timeout(plan)
+    for lk in plan.links:
+        if lk.wire is not None:
+            lk.lab_jitter_ns = 500_000_000                    # 0.5 s of lab time each way
+    assert retransmission_timeout(plan) == pytest.approx(steady + 1.0)

@@ -75,8 +75,9 @@ def retransmission_timeout(plan: LabPlan) -> float:
     """Go-back-N's timer, lab seconds: a few hundred microseconds on the real fabric, x dilation, plus,
     across a WAN, its round trip and the time its fullest queue takes to drain. A timer shorter than
     that fires while the ACK is still on its way back (100 km is a 0.98 ms round trip, 3.9 s in a
-    lab at dilation 4000), and each firing sends the whole window again into the same queue."""
-    wan = [2 * lk.lab_delay_ns / 1e9 + max((c.buffer_bytes for n in plan.nodes for i in n.interfaces
+    lab at dilation 4000), and each firing sends the whole window again into the same queue. A
+    jittered WAN adds up to its jitter each way: its longest round trip counts."""
+    wan = [2 * (lk.lab_delay_ns + lk.lab_jitter_ns) / 1e9 + max((c.buffer_bytes for n in plan.nodes for i in n.interfaces
                                                if i.link == lk.id for c in i.shaping.classes), default=0)
            * 8 / lk.lab_rate_bps for lk in plan.links if lk.wire is not None]
     return max(0.02, 250e-6 * plan.dilation) + max(wan, default=0.0)
