@@ -13,7 +13,6 @@ import pytest
 from conftest import require_root
 from labctl import lifecycle as labmod
 from labctl import state
-from labctl.kernel.netconf import set_rate as set_port_rate
 from netutil import wait_for
 from test_netns_shaping import measure_rate
 
@@ -51,14 +50,21 @@ def test_link_down_reconverges_and_link_up_restores(built_lab, lab_name):
     assert controller["running"], controller
 
 
-def test_tc_set_rate_changes_the_measured_throughput(built_lab):
+def test_tc_set_rate_changes_the_measured_throughput_and_the_lab_s_record(built_lab, lab_name):
+    """As `labctl tc set h1:r1 --rate 50M`: the port passes the new rate, and the lab's record says
+    so, so that a later run's bound and time-outs are the port's (netconf sets the kernel alone)."""
     require_root()
     plan = built_lab(ROOT / "tests" / "topologies" / "chain.yml", sets=["defaults.rate=100M", "dilation=1"])
+    lab = state.lab_dir(lab_name)
     h1 = plan.node("h1")
-    set_port_rate(h1, h1.iface("r1"), 50_000_000)
+    labmod.tc_set(lab, plan, h1, "r1", rate="50M")
     assert measure_rate(plan) == pytest.approx(50e6, rel=0.05)
-    set_port_rate(h1, h1.iface("r1"), 100_000_000)
+    recorded = labmod.load_plan(lab).node("h1").iface("r1").shaping
+    assert recorded.rate_bps == h1.iface("r1").shaping.rate_bps == 50_000_000
+    assert recorded.burst_bytes == 2 * recorded.quantum     # 1 ms of 50 Mbit/s is less than two frames
+    labmod.tc_set(lab, plan, h1, "r1", rate="100M")
     assert measure_rate(plan) == pytest.approx(100e6, rel=0.05)
+    assert labmod.load_plan(lab).node("h1").iface("r1").shaping.rate_bps == 100_000_000
 
 
 def test_counters_show_each_class_traffic(built_lab, lab_name, state_dir):

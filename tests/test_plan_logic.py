@@ -91,6 +91,27 @@ def test_shaping_is_dilated_rate_with_1ms_burst(plan):
     assert port.shaping.burst_bytes == 2 * 9014  # 1 ms at 100 Mbit/s is 12.5 kB, less than two frames
 
 
+def test_a_port_reshaped_to_a_new_rate_keeps_its_class_shares_and_a_1ms_burst(plan):
+    """What `tc set --rate` writes into the kernel and the lab's record (qos.reshaped)."""
+    from labctl.plan import qos
+    from labctl.traffic.pool import quiet_floor
+    port = plan.node("leaf1").iface("spine1")
+    old = port.shaping
+    new = qos.reshaped(old, 4_000_000_000)
+    assert new.rate_bps == 4_000_000_000 and new.burst_bytes == 500_000      # 1 ms at 4 Gbit/s
+    assert [c.name for c in new.classes] == [c.name for c in old.classes] and len(new.classes) >= 2
+    for before, after in zip(old.classes, new.classes):
+        assert after.rate_bps / new.rate_bps == pytest.approx(before.rate_bps / old.rate_bps, rel=1e-3)
+        assert (after.buffer_bytes, after.xoff_bytes, after.prio) == (before.buffer_bytes, before.xoff_bytes, before.prio)
+    assert old.rate_bps == 100_000_000, "the given shaping is left as it was"
+    # a slower port drains its queue later: the silence an agent allows grows with it
+    import copy
+    slow = copy.deepcopy(plan)
+    slow_port = slow.node("leaf1").iface("spine1")
+    slow_port.shaping = qos.reshaped(slow_port.shaping, old.rate_bps // 10)
+    assert quiet_floor(slow) > quiet_floor(plan)
+
+
 def test_oversubscription_sets_uplink_rate():
     plan = compile_plan(load_topology(LEAF_SPINE, sets=["oversubscription=2"]))
     uplink = next(lk for lk in plan.links if lk.a.startswith("leaf1:spine1"))

@@ -176,15 +176,12 @@ def replace_routes(node: Node, old: list, new: list, table: int = rtnl.RT_TABLE_
 
 def set_rate(node: Node, iface: Interface, rate_bps: int) -> None:
     """Shape a port to `rate_bps`: the link class and every traffic class's ceil, shares kept."""
-    s = iface.shaping
-    burst = max(rate_bps // 8 // 1000, 2 * s.quantum)
-    specs = [{"weight": max(1, c.rate_bps), "tc": c.tc} for c in s.classes]
-    shares = qos.class_rates(specs, rate_bps) if specs else []
-    kind, _, body = rtnl.htb_class(iface.index, qos.HTB_LINK, qos.HTB_ROOT, rate_bps, burst, s.quantum,
+    s = qos.reshaped(iface.shaping, rate_bps)
+    kind, _, body = rtnl.htb_class(iface.index, qos.HTB_LINK, qos.HTB_ROOT, rate_bps, s.burst_bytes, s.quantum,
                                    overhead=s.overhead_bytes)
     requests = [((kind, CHANGE, body), f"{node.name}:{iface.name}: link class")]
-    for c, share in zip(s.classes, shares):
-        kind, _, body = rtnl.htb_class(iface.index, qos.class_handle(c.tc), qos.HTB_LINK, share, burst,
+    for c in s.classes:
+        kind, _, body = rtnl.htb_class(iface.index, qos.class_handle(c.tc), qos.HTB_LINK, c.rate_bps, s.burst_bytes,
                                        s.quantum, prio=c.prio, ceil_bps=rate_bps, overhead=s.overhead_bytes)
         requests.append(((kind, CHANGE, body), f"{node.name}:{iface.name}: class {c.name}"))
     commit_in(node.namespace, requests)

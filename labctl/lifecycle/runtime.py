@@ -7,7 +7,7 @@ from labctl import state
 from labctl.kernel import neighbours
 from labctl.errors import LabError
 from labctl.lifecycle.labs import backend_of
-from labctl.plan import te
+from labctl.plan import qos, te
 from labctl.plan.model import LabPlan, Node
 from labctl.plan.routing import routes_without
 from labctl.units import parse_rate, parse_size
@@ -55,8 +55,13 @@ def converge_after_link_change(lab: state.LabDir, plan: LabPlan, since: float) -
     return time.monotonic() - since
 
 
-def set_rate(lab: state.LabDir, node: Node, iface: str, rate_bps: int) -> None:
+def set_rate(lab: state.LabDir, plan: LabPlan, node: Node, iface: str, rate_bps: int) -> None:
+    """A port's rate, in the kernel and then in the lab's record: the runs after it take their α-β
+    bounds, time-outs and agents' line rates from the plan (the caller's, and the record's)."""
     backend_of(lab).set_rate(node, node.iface(iface), rate_bps)
+    port = plan.node(node.name).iface(iface)
+    port.shaping = qos.reshaped(port.shaping, rate_bps)
+    lab.write_plan(plan.to_dict())
 
 
 SIZES, FRACTIONS, SWITCHES = ("kmin", "kmax", "xoff", "xon"), ("pmax",), ("ecn", "pfc")
@@ -101,6 +106,6 @@ def tc_set(lab: state.LabDir, plan: LabPlan, node: Node, iface: str | None, clas
             bps = parse_rate(rate)
         except ValueError as exc:
             raise LabError(f"--rate: {exc}") from None
-        set_rate(lab, node, iface, bps)
+        set_rate(lab, plan, node, iface, bps)
     count = control.apply(lab.path, plan, node, iface, class_name, changes) if changes else 0
     return bps, count

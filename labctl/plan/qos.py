@@ -9,6 +9,8 @@ SO_PRIORITY in the traffic agents on hosts.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from labctl.plan import model
 
 ETH_HEADER = 14
@@ -64,6 +66,19 @@ def lossless_tbf_burst(link_bps: int, frame: int) -> int:
 def class_rates(classes: list[dict], link_bps: int) -> list[int]:
     total = sum(c["weight"] for c in classes)
     return [max(8_000, link_bps * c["weight"] // total) for c in classes]
+
+
+def shaping_burst(rate_bps: int, quantum: int) -> int:
+    """HTB's burst: about 1 ms of the rate (tc's default loses 25% at 1 Gbit/s), and two quanta."""
+    return max(rate_bps // 8 // 1000, 2 * quantum)
+
+
+def reshaped(shaping, rate_bps: int):
+    """A port's Shaping at a new rate, as `tc set --rate` makes it: the link class at the rate, each
+    class's guaranteed share kept in proportion (its ceil is the link)."""
+    shares = class_rates([{"weight": max(1, c.rate_bps)} for c in shaping.classes], rate_bps) if shaping.classes else []
+    return replace(shaping, rate_bps=rate_bps, burst_bytes=shaping_burst(rate_bps, shaping.quantum),
+                   classes=[replace(c, rate_bps=share) for c, share in zip(shaping.classes, shares)])
 
 
 def marking_probability(depth: int, kmin: int, kmax: int, pmax: float) -> float:
@@ -163,7 +178,7 @@ def shaping_for(lab_rate_bps: int, mtu: int, buffer_bytes: int, classes=(), loss
     `credit_based` (NVLink): a lossless class's buffer grows to hold its whole headroom above XOFF,
     as a credit loop is sized to the link, where Ethernet PFC caps the headroom at half the buffer."""
     frame = mtu + ETH_HEADER
-    burst = max(lab_rate_bps // 8 // 1000, 2 * frame)
+    burst = shaping_burst(lab_rate_bps, frame)
     specs = [c.model_dump() for c in classes]
     if class_buffer:
         for c in specs:
