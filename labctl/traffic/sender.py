@@ -137,10 +137,12 @@ class Sender:
             q.rp = ReactionPoint(t["line_rate"], self.dcqcn, time.monotonic())
         if self.reliable:
             with self.lock:
+                if not q.unacked:
+                    # the timer runs only while something is outstanding: a QP idle since its last
+                    # ACK would otherwise resend this message as soon as it is sent
+                    q.last_progress = time.monotonic()
                 q.unacked.append(Message(q.psn, (q.psn + npkts - 1) & roce.PSN_MASK, t["nbytes"], t["id"],
                                          builder, sock, dest))
-                if q.last_progress == 0.0:
-                    q.last_progress = time.monotonic()
         resume = self._send_batched(q, builder, sock, dest, t) if self.gso else q.psn
         if resume is not None:
             self._send_each(q, builder, sock, dest, t, resume)
