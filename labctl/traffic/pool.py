@@ -93,18 +93,29 @@ START_MARGIN_S, START_MARGIN_PER_RANK_S = 0.015, 0.001
 STALL_MARGIN_S = 1.5
 
 
-def quiet_floor(plan: LabPlan) -> float:
+def quiet_floor(plan: LabPlan, dcqcn: Params | None = None) -> float:
     """The longest a healthy lab can leave a waiting agent with nothing arriving, lab seconds: two
     go-back-N timers (a lost message's resend, and the loss of that resend), the time its deepest
     queue takes to drain (a paused or full queue delivers its last packet that late) and the
-    machine's stalls. An agent that hears nothing for longer has lost what it waits for."""
+    machine's stalls. An agent that hears nothing for longer has lost what it waits for. With
+    `dcqcn`, the reaction points' parameters, also two frames' time at their minimum rate."""
     # a class that other classes crowd drains at its guaranteed rate, not the port's; a WAN port's
     # queue is in the go-back-N timer already
     wan = {lk.id for lk in plan.links if lk.wire is not None}
     drain = max((c.buffer_bytes * 8 / (c.rate_bps or i.shaping.rate_bps) for n in plan.nodes for i in n.interfaces
                  if i.shaping is not None and i.shaping.rate_bps and i.link not in wan for c in i.shaping.classes),
                 default=0.0)
-    return STALL_MARGIN_S + 2 * retransmission_timeout(plan) + drain
+    floor = STALL_MARGIN_S + 2 * retransmission_timeout(plan) + drain
+    if dcqcn is not None:     # a sender DCQCN cut to its minimum rate is slow, not silent
+        floor = max(floor, STALL_MARGIN_S + 2 * paced_silence(plan, dcqcn))
+    return floor
+
+
+def paced_silence(plan: LabPlan, params: Params) -> float:
+    """The longest a DCQCN sender cut to its minimum rate leaves its receiver hearing nothing, lab
+    seconds: one frame's time at that rate (it sends one frame at a time there: sender.py)."""
+    mtu = roce.roce_mtu(max(i.mtu for n in plan.nodes for i in n.interfaces))
+    return (mtu + roce.FRAME_OVERHEAD) * 8 / params.scaled(plan.dilation).min_rate
 
 
 def chain_seconds(plan: LabPlan, schedule: Schedule, nodes: dict[int, Node]) -> float:

@@ -262,7 +262,7 @@ def _play(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, ops: list, tcp_flo
         stalls.ready()          # started before the agents, watching once they are
         sampler = QueueSampler(plan, out_dir / "queues.csv", lab_path=lab.path).start()
         tcp = FlowRun(tcp_flows).start() if tcp_flows else None
-        floor = quiet_floor(plan)
+        floor = quiet_floor(plan, dcqcn_params(w.options) if w.options.dcqcn else None)
         for k, op in enumerate(ops):
             bound = bound_parts(plan, op.schedule, nodes, alpha)
             if op.compute_s:        # a train: step computes between its transfers: no network is faster

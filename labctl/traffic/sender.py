@@ -19,6 +19,10 @@ from labctl.traffic import roce
 
 IP_MTU_DISCOVER, IP_PMTUDISC_DO = 10, 2   # not exported by Python 3.11's socket module
 UDP_SEGMENT = 103                          # linux/udp.h
+# A paced QP whose rate would hold a whole GSO batch back longer than this (lab seconds) sends one
+# frame per send: at DCQCN's minimum rate a batch of 15 frames would leave its receiver hearing
+# nothing for 15 frames' time (over three minutes at dilation 4000), one frame for 13 s.
+PACED_BATCH_MAX_S = 0.2
 
 
 def qpn(rank: int, peer: int, k: int) -> int:
@@ -155,7 +159,10 @@ class Sender:
         refuses UDP GSO from a device without checksum offload (EIO, and nothing left)."""
         for psn, buf, seg, count in builder.gso_batches(q.psn, t["nbytes"], t["id"]):
             if q.rp is not None:
-                self._pace(q, len(buf) + count * (roce.FRAME_OVERHEAD - roce.BTH_LEN - roce.ICRC_LEN))
+                wire = len(buf) + count * (roce.FRAME_OVERHEAD - roce.BTH_LEN - roce.ICRC_LEN)
+                if count > 1 and wire * 8 / self._rate(q) > PACED_BATCH_MAX_S:
+                    return psn     # the rest of this message one frame per send (a batch's IP IDs are its own)
+                self._pace(q, wire)
             try:
                 send(sock, buf, [(socket.SOL_UDP, UDP_SEGMENT, struct.pack("H", seg))] if count > 1 else [], dest)
             except OSError as exc:
@@ -183,6 +190,10 @@ class Sender:
             q.sent_upto = (psn + 1) & roce.PSN_MASK
             if self.reliable and q.resend_from is not None:
                 self.go_back(q)
+
+    def _rate(self, q: QpTx) -> float:
+        with self.lock:
+            return q.rp.rate(time.monotonic())
 
     def _pace(self, q: QpTx, wire_bytes: int) -> None:
         """Hold a QP to its DCQCN rate: each batch leaves no earlier than its predecessor's end."""
