@@ -33,6 +33,16 @@ class NoSender:
     """The receiver's replies need peers; with none it answers nobody."""
 
 
+def received_singly(rx: Receiver, payloads: list, src: str, dst: str):
+    """Each datagram's ICRC holds for the IP ID 0 a single send carries; fed to `rx`, its one QP."""
+    for payload, (_, sport) in payloads:
+        prefix = roce.icrc_prefix(src, dst, sport, len(payload), ident=0)
+        assert roce.icrc(prefix, payload[:-roce.ICRC_LEN]) == payload[-roce.ICRC_LEN:]
+        rx.packet(memoryview(payload), src, roce.TOS_DATA)
+    (q,) = rx.qps.values()
+    return q
+
+
 def test_a_refused_gso_send_goes_on_packet_by_packet_and_every_packet_arrives_once():
     rx_sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     rx_sock.bind((DST, roce.ROCE_PORT))
@@ -50,11 +60,7 @@ def test_a_refused_gso_send_goes_on_packet_by_packet_and_every_packet_arrives_on
         for s in tx.sockets.values():
             s.close()
     assert RefusesGso.refused == 1 and tx.gso is False, "one refusal, then no GSO is tried again"
-    for payload, (_, sport) in payloads:
-        prefix = roce.icrc_prefix(SRC, DST, sport, len(payload), ident=0)
-        assert roce.icrc(prefix, payload[:-roce.ICRC_LEN]) == payload[-roce.ICRC_LEN:]
-        rx.packet(memoryview(payload), SRC, roce.TOS_DATA)
-    (q,) = rx.qps.values()
+    q = received_singly(rx, payloads, SRC, DST)
     assert (q.packets, q.gaps, q.reordered, q.messages) == (want, 0, 0, 2)
     assert rx.arrived[7][1:] == (40 * MTU + 100, True) and rx.arrived[8][1:] == (3 * MTU, True)
     (qtx,) = tx.qps.values()

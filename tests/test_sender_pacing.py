@@ -6,14 +6,19 @@ from __future__ import annotations
 import random
 import socket
 import time
+from pathlib import Path
 
 import pytest
 
+from labctl.plan.compile import compile_plan
+from labctl.topology.load import load_topology
 from labctl.traffic import roce
 from labctl.traffic.dcqcn import Params
 from labctl.traffic.pool import STALL_MARGIN_S, paced_silence, quiet_floor
 from labctl.traffic.receiver import Receiver
 from labctl.traffic.sender import PACED_BATCH_MAX_S, UDP_SEGMENT, Sender
+
+from test_sender_fallback import NoSender, received_singly
 
 SRC, DST, MTU = "127.0.0.1", "127.0.0.4", 1024
 PACKETS = 12                     # a First, ten Middles (one GSO batch at line rate), a Last
@@ -30,10 +35,6 @@ class CountsSends(socket.socket):
 
 class CountingSender(Sender):
     socket_type = CountsSends
-
-
-class NoSender:
-    """The receiver's replies need peers; with none it answers nobody."""
 
 
 def send_one_message(line_rate: float) -> tuple[list[int], float, list]:
@@ -68,19 +69,11 @@ def test_a_rate_too_slow_for_a_batch_sends_frame_by_frame_and_every_frame_arrive
     assert sends == [1] * PACKETS, sends
     # paced frame by frame: the first frame leaves at once, each next one a frame's time later
     assert took == pytest.approx((PACKETS - 1) * frame_bits / rate, rel=0.25)
-    rx = Receiver(1, {}, NoSender(), None, reliable=False)
-    for payload, (_, sport) in payloads:
-        prefix = roce.icrc_prefix(SRC, DST, sport, len(payload), ident=0)
-        assert roce.icrc(prefix, payload[:-roce.ICRC_LEN]) == payload[-roce.ICRC_LEN:]
-        rx.packet(memoryview(payload), SRC, roce.TOS_DATA)
-    (q,) = rx.qps.values()
+    q = received_singly(Receiver(1, {}, NoSender(), None, reliable=False), payloads, SRC, DST)
     assert (q.packets, q.gaps, q.reordered, q.messages) == (PACKETS, 0, 0, 1)
 
 
 def test_the_silence_a_dcqcn_run_allows_is_a_frame_at_the_minimum_rate():
-    from labctl.plan.compile import compile_plan
-    from labctl.topology.load import load_topology
-    from pathlib import Path
     plan = compile_plan(load_topology(Path(__file__).resolve().parents[1] / "topologies" / "leaf-spine.yml"))
     frame = roce.roce_mtu(max(i.mtu for n in plan.nodes for i in n.interfaces)) + roce.FRAME_OVERHEAD
     assert paced_silence(plan, Params()) == pytest.approx(frame * 8 / (10e6 / 4000))   # 10 Mbit/s, dilated
