@@ -104,12 +104,25 @@ def test_a_port_reshaped_to_a_new_rate_keeps_its_class_shares_and_a_1ms_burst(pl
         assert after.rate_bps / new.rate_bps == pytest.approx(before.rate_bps / old.rate_bps, rel=1e-3)
         assert (after.buffer_bytes, after.xoff_bytes, after.prio) == (before.buffer_bytes, before.xoff_bytes, before.prio)
     assert old.rate_bps == 100_000_000, "the given shaping is left as it was"
+    # slowed to a trickle and set back: the classes' proportions come back (the record's shares are
+    # exact; only the kernel is given MIN_CLASS_BPS at least)
+    back = qos.reshaped(qos.reshaped(old, 20_000), old.rate_bps)
+    for before, after in zip(old.classes, back.classes):
+        assert after.rate_bps == pytest.approx(before.rate_bps, rel=1e-3)
     # a slower port drains its queue later: the silence an agent allows grows with it
     import copy
     slow = copy.deepcopy(plan)
     slow_port = slow.node("leaf1").iface("spine1")
     slow_port.shaping = qos.reshaped(slow_port.shaping, old.rate_bps // 10)
     assert quiet_floor(slow) > quiet_floor(plan)
+
+
+def test_tc_set_refuses_a_rate_below_what_a_port_is_shaped_to_before_touching_the_lab(plan):
+    from labctl import lifecycle
+    from labctl.errors import LabError
+    with pytest.raises(LabError) as info:
+        lifecycle.tc_set(None, plan, plan.node("leaf1"), "spine1", rate="0")     # no lab: nothing is touched
+    assert "8 kbit/s at least" in str(info.value) and "link down" in info.value.fix
 
 
 def test_oversubscription_sets_uplink_rate():

@@ -181,7 +181,8 @@ def set_rate(node: Node, iface: Interface, rate_bps: int) -> None:
                                    overhead=s.overhead_bytes)
     requests = [((kind, CHANGE, body), f"{node.name}:{iface.name}: link class")]
     for c in s.classes:
-        kind, _, body = rtnl.htb_class(iface.index, qos.class_handle(c.tc), qos.HTB_LINK, c.rate_bps, s.burst_bytes,
+        kind, _, body = rtnl.htb_class(iface.index, qos.class_handle(c.tc), qos.HTB_LINK,
+                                       max(qos.MIN_CLASS_BPS, c.rate_bps), s.burst_bytes,
                                        s.quantum, prio=c.prio, ceil_bps=rate_bps, overhead=s.overhead_bytes)
         requests.append(((kind, CHANGE, body), f"{node.name}:{iface.name}: class {c.name}"))
     commit_in(node.namespace, requests)

@@ -6,7 +6,7 @@ from dataclasses import replace
 from labctl import state
 from labctl.kernel import neighbours
 from labctl.errors import LabError
-from labctl.lifecycle.labs import backend_of
+from labctl.lifecycle.labs import backend_of, load_plan
 from labctl.plan import qos, te
 from labctl.plan.model import LabPlan, Node
 from labctl.plan.routing import routes_without
@@ -61,7 +61,13 @@ def set_rate(lab: state.LabDir, plan: LabPlan, node: Node, iface: str, rate_bps:
     backend_of(lab).set_rate(node, node.iface(iface), rate_bps)
     port = plan.node(node.name).iface(iface)
     port.shaping = qos.reshaped(port.shaping, rate_bps)
-    lab.write_plan(plan.to_dict())
+    # the record as it is now (another command may have changed it since `plan` was read), changed
+    # under the state lock, so that two commands changing a running lab never undo each other
+    with state.lock(f"labctl tc set {node.name}:{iface}"):
+        recorded = load_plan(lab)
+        port = recorded.node(node.name).iface(iface)
+        port.shaping = qos.reshaped(port.shaping, rate_bps)
+        lab.write_plan(recorded.to_dict())
 
 
 SIZES, FRACTIONS, SWITCHES = ("kmin", "kmax", "xoff", "xon"), ("pmax",), ("ecn", "pfc")
@@ -106,6 +112,9 @@ def tc_set(lab: state.LabDir, plan: LabPlan, node: Node, iface: str | None, clas
             bps = parse_rate(rate)
         except ValueError as exc:
             raise LabError(f"--rate: {exc}") from None
+        if bps < qos.MIN_CLASS_BPS:
+            raise LabError(f"--rate {rate}: a port is shaped to {qos.MIN_CLASS_BPS // 1000} kbit/s at least",
+                           "give 8K or more (to stop a port, `labctl link down NODE:PORT`)")
         set_rate(lab, plan, node, iface, bps)
     count = control.apply(lab.path, plan, node, iface, class_name, changes) if changes else 0
     return bps, count

@@ -63,9 +63,12 @@ def lossless_tbf_burst(link_bps: int, frame: int) -> int:
     return max(64 * 1024, 4 * frame, link_bps // 8 // 1000)
 
 
+MIN_CLASS_BPS = 8_000      # the least rate a port or class is shaped to
+
+
 def class_rates(classes: list[dict], link_bps: int) -> list[int]:
     total = sum(c["weight"] for c in classes)
-    return [max(8_000, link_bps * c["weight"] // total) for c in classes]
+    return [max(MIN_CLASS_BPS, link_bps * c["weight"] // total) for c in classes]
 
 
 def shaping_burst(rate_bps: int, quantum: int) -> int:
@@ -75,10 +78,12 @@ def shaping_burst(rate_bps: int, quantum: int) -> int:
 
 def reshaped(shaping, rate_bps: int):
     """A port's Shaping at a new rate, as `tc set --rate` makes it: the link class at the rate, each
-    class's guaranteed share kept in proportion (its ceil is the link)."""
-    shares = class_rates([{"weight": max(1, c.rate_bps)} for c in shaping.classes], rate_bps) if shaping.classes else []
+    class's guaranteed share kept in proportion (its ceil is the link). The shares are exact, not
+    raised to MIN_CLASS_BPS (the kernel is given that much at least), so that a port slowed to a
+    trickle and set back gets its classes' proportions back."""
+    total = sum(c.rate_bps for c in shaping.classes) or 1
     return replace(shaping, rate_bps=rate_bps, burst_bytes=shaping_burst(rate_bps, shaping.quantum),
-                   classes=[replace(c, rate_bps=share) for c, share in zip(shaping.classes, shares)])
+                   classes=[replace(c, rate_bps=max(1, rate_bps * c.rate_bps // total)) for c in shaping.classes])
 
 
 def marking_probability(depth: int, kmin: int, kmax: int, pmax: float) -> float:
