@@ -151,6 +151,9 @@ class Sender:
         if resume is not None:
             self._send_each(q, builder, sock, dest, t, resume)
         q.psn = (q.psn + npkts) & roce.PSN_MASK
+        if self.reliable:
+            with self.lock:     # the timer counts from the last packet out: a paced message can take
+                q.last_progress = time.monotonic()      # longer than the timer to leave
 
     def _send_batched(self, q: QpTx, builder, sock, dest, t: dict) -> int | None:
         """Runs of Middle packets leave in one UDP_SEGMENT send; the host's veth (no checksum offload,
