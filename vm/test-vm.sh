@@ -103,7 +103,7 @@ cleanup() {
   say "total $(( $(date +%s) - t_start )) s"
 }
 trap cleanup EXIT
-trap 'exit 130' INT     # bash runs no EXIT trap when a signal ends it: these make it run
+trap 'exit 130' INT     # so that the EXIT trap runs whatever signal ends the tier (bash skips it on SIGINT)
 trap 'exit 143' TERM
 
 if pgrep -x libvirtd >/dev/null; then
