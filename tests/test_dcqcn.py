@@ -96,3 +96,19 @@ def test_reference_dcqcn_steps_leave_a_400g_link_half_used_for_milliseconds():
     out = dcqcn_fluid.run(Params(), LINE, DILATION, 12.0, [0.0, 0.5])
     assert sum(out.rates_bps) < 0.7 * LINE, out
     assert out.mean_depth < 50_000, out
+
+
+def test_every_cnp_the_notification_point_sends_is_a_cut_however_the_arrivals_jitter():
+    """The NP sends a QP at most one CNP per interval; arriving up to 5% early or late (the two ends'
+    scheduling), each is still a cut. The RP's own guard is half the interval (traffic/run.py)."""
+    import random
+    from labctl.traffic.run import dcqcn_params
+    from labctl.traffic.workload import Options
+    o = Options(cnp=True, dcqcn=True)
+    p = dcqcn_params(o)
+    interval = o.cnp_interval * 1e-9
+    rp = ReactionPoint(LINE, p, now=0.0)
+    rng = random.Random(7)
+    for k in range(1, 41):
+        rp.on_cnp(k * interval + rng.uniform(-0.05, 0.05) * interval)
+    assert rp.cuts == 40
