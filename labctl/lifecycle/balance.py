@@ -8,6 +8,7 @@ import socket
 import time
 
 from labctl.kernel import lb
+from labctl.lifecycle.labs import change_record
 from labctl.plan import flowhash as fhm
 from labctl.plan.lb import describe
 from labctl.plan.model import LabPlan, Node
@@ -144,5 +145,10 @@ def set_mode(lab, plan: LabPlan, target: str, text: str) -> list[str]:
     mode, gap = parse(text)
     for node in nodes:
         lb.set_mode(node, dataclasses.replace(node.flow_hash, mode=mode, gap_ns=int(gap * plan.dilation)))
-    lab.write_plan(plan.to_dict())
+    modes = {n.name: n.flow_hash for n in nodes}
+
+    def record(recorded: LabPlan) -> None:
+        for name, flow_hash in modes.items():
+            recorded.node(name).flow_hash = flow_hash
+    change_record(lab, f"labctl lb {target}={text}", record)
     return [n.name for n in nodes]

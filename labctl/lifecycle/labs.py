@@ -59,6 +59,16 @@ def load_plan(lab: state.LabDir) -> LabPlan:
                        "`labctl clean --all` removes it") from None
 
 
+def change_record(lab: state.LabDir, what: str, change) -> None:
+    """`change(plan)` applied to the lab's plan as recorded now, under the state lock, and written
+    back: another command may have changed the record since the caller read it, and two commands
+    changing a running lab must not undo each other."""
+    with state.lock(what):
+        recorded = load_plan(lab)
+        change(recorded)
+        lab.write_plan(recorded.to_dict())
+
+
 def backend_of(lab: state.LabDir):
     """The backend that built the lab, as its record says."""
     return backends.get(lab.read_state().get("backend", "netns"))

@@ -6,7 +6,7 @@ from dataclasses import replace
 from labctl import state
 from labctl.kernel import neighbours
 from labctl.errors import LabError
-from labctl.lifecycle.labs import backend_of, load_plan
+from labctl.lifecycle.labs import backend_of, change_record
 from labctl.plan import qos, te
 from labctl.plan.model import LabPlan, Node
 from labctl.plan.routing import routes_without
@@ -61,13 +61,11 @@ def set_rate(lab: state.LabDir, plan: LabPlan, node: Node, iface: str, rate_bps:
     backend_of(lab).set_rate(node, node.iface(iface), rate_bps)
     port = plan.node(node.name).iface(iface)
     port.shaping = qos.reshaped(port.shaping, rate_bps)
-    # the record as it is now (another command may have changed it since `plan` was read), changed
-    # under the state lock, so that two commands changing a running lab never undo each other
-    with state.lock(f"labctl tc set {node.name}:{iface}"):
-        recorded = load_plan(lab)
-        port = recorded.node(node.name).iface(iface)
-        port.shaping = qos.reshaped(port.shaping, rate_bps)
-        lab.write_plan(recorded.to_dict())
+    shaping = port.shaping
+
+    def record(recorded: LabPlan) -> None:
+        recorded.node(node.name).iface(iface).shaping = shaping
+    change_record(lab, f"labctl tc set {node.name}:{iface}", record)
 
 
 SIZES, FRACTIONS, SWITCHES = ("kmin", "kmax", "xoff", "xon"), ("pmax",), ("ecn", "pfc")
