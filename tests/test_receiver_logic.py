@@ -1,6 +1,9 @@
 """The receiver's accounting with no network: packets from a MessageBuilder, some of them withheld."""
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from labctl.traffic import roce
 from labctl.traffic.receiver import Receiver
 
@@ -134,3 +137,66 @@ def test_a_tolerant_receiver_drops_and_naks_beyond_its_window():
     assert q.expected_psn == OOO_WINDOW and q.held == {}
     _deliver(rx, pkts[OOO_WINDOW:])              # the rest, resent
     assert rx.arrived[3][1:] == ((OOO_WINDOW + 4) * MTU, True)
+
+
+
+def test_a_late_last_packet_ends_its_message_while_the_next_one_is_still_arriving():
+    """The defect seen across three machines: a message's last packet came after the next
+    message's first. No PSN was missing once it landed, yet the message never arrived and the ring
+    waited on it until it gave up."""
+    first = _packets(3 * MTU + 100, imm=1)
+    second = _packets(3 * MTU, imm=2, psn=4)
+    rx = Receiver(1, {}, NoSender(), None, reliable=False)
+    _deliver(rx, first[:3] + second[:1] + first[3:])
+    assert rx.arrived[1][1:] == (3 * MTU + 100, True)
+    _deliver(rx, second[1:])
+    (q,) = rx.qps.values()
+    assert rx.arrived[2][1:] == (3 * MTU, True)
+    assert (q.gaps, q.reordered, q.late, q.messages, q.unfinished) == (0, 1, 0, 2, [])
+
+
+def test_a_late_last_packet_splits_the_span_the_next_message_ended():
+    first = _packets(3 * MTU + 100, imm=1)
+    second = _packets(3 * MTU, imm=2, psn=4)
+    third = _packets(MTU, imm=3, psn=7)
+    rx = Receiver(1, {}, NoSender(), None, reliable=False)
+    _deliver(rx, first[:3] + second + first[3:] + third)
+    (q,) = rx.qps.values()
+    assert rx.arrived[1][1:] == (3 * MTU + 100, True)
+    assert rx.arrived[2][1:] == (3 * MTU, True)
+    assert rx.arrived[3][1:] == (MTU, True)
+    assert (q.gaps, q.reordered, q.messages, q.unfinished) == (0, 1, 3, [])
+
+
+def test_a_late_last_packet_of_a_message_short_of_another_stays_short_until_that_one_lands():
+    first = _packets(4 * MTU + 100, imm=1)
+    second = _packets(2 * MTU, imm=2, psn=5)
+    rx = Receiver(1, {}, NoSender(), None, reliable=False)
+    _deliver(rx, first[:1] + first[2:4] + second + first[4:])     # PSN 1 still missing
+    assert rx.arrived[1][1:] == (3 * MTU + 100, False)
+    assert rx.arrived[2][1:] == (2 * MTU, True)
+    _deliver(rx, first[1:2])
+    (q,) = rx.qps.values()
+    assert rx.arrived[1][1:] == (4 * MTU + 100, True)
+    assert (q.gaps, q.reordered, q.messages, q.unfinished) == (0, 2, 2, [])
+
+
+@settings(max_examples=300, deadline=None)
+@given(sizes=st.lists(st.integers(1, 5 * MTU), min_size=1, max_size=6),
+       swaps=st.lists(st.integers(0, 40), max_size=12))
+def test_any_reordering_of_adjacent_packets_delivers_every_message_whole(sizes, swaps):
+    """Whatever pairs of neighbours the network swaps, across message boundaries or inside one,
+    every message arrives once with its bytes and no PSN is left missing."""
+    pkts, psn = [], 0
+    for imm, size in enumerate(sizes):
+        msg = _packets(size, imm=imm, psn=psn)
+        pkts += msg
+        psn += len(msg)
+    for k in swaps:
+        if k + 1 < len(pkts):
+            pkts[k], pkts[k + 1] = pkts[k + 1], pkts[k]
+    rx = Receiver(1, {}, NoSender(), None, reliable=False)
+    _deliver(rx, pkts)
+    (q,) = rx.qps.values()
+    assert {imm: rx.arrived[imm][1:] for imm in range(len(sizes))} == {i: (s, True) for i, s in enumerate(sizes)}
+    assert (q.gaps, q.late, q.messages, q.missing, q.unfinished) == (0, 0, len(sizes), set(), [])

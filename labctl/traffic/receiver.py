@@ -54,6 +54,7 @@ class QpRx:
     msg_bytes: int = 0
     msg_first: int = 0     # the first PSN of the message being received: the one after the last END
     untracked: int = 0     # PSNs of that message lost in a gap too long to remember one by one
+    full_size: int = 0     # payload bytes of a First or Middle packet (the RoCE MTU)
     last_cnp: float = 0.0
     nak_for: int | None = None
     next_exp: int = 0      # reliable mode: one past the highest PSN seen
@@ -111,7 +112,7 @@ class Receiver:
                 q.untracked += gap  # too many to remember: the message they belong to stays short
             q.expected_psn = (psn + 1) & roce.PSN_MASK
         else:
-            self._late(q, data, opcode, pad, psn)
+            self._late(q, src_ip, dqpn, data, opcode, pad, psn)
             return
         self._accept(q, src_ip, dqpn, opcode, psn, *_payload(data, opcode, pad))
 
@@ -163,6 +164,8 @@ class Receiver:
         packet ACKs it and records its arrival."""
         q.bytes += size
         q.msg_bytes += size
+        if opcode not in roce.ENDS:
+            q.full_size = size       # Firsts and Middles carry the path's whole RoCE MTU
         if opcode in roce.ENDS:
             q.messages += 1
             self._ack(src_ip, dqpn, psn, q.messages)
@@ -177,7 +180,7 @@ class Receiver:
                     self.arrived[immediate] = (time.monotonic(), got, not short)
                     self.cond.notify_all()
 
-    def _late(self, q: QpRx, data: memoryview, opcode: int, pad: int, psn: int) -> None:
+    def _late(self, q: QpRx, src_ip: str, dqpn: int, data: memoryview, opcode: int, pad: int, psn: int) -> None:
         """A PSN behind the expected one: a reordered packet filling its gap, or a duplicate."""
         if psn not in q.missing:
             q.late += 1
@@ -185,8 +188,11 @@ class Receiver:
         q.missing.discard(psn)
         q.gaps -= 1
         q.reordered += 1
-        _, size = _payload(data, opcode, pad)
+        immediate, size = _payload(data, opcode, pad)
         q.bytes += size
+        if opcode in roce.ENDS:
+            self._late_end(q, src_ip, dqpn, psn, immediate, size)
+            return
         for entry in q.unfinished:
             first, last, imm, short = entry
             if _within(psn, first, last):
@@ -199,6 +205,39 @@ class Receiver:
                         self.cond.notify_all()
                 return
         q.msg_bytes += size  # the message still being received
+
+    def _late_end(self, q: QpRx, src_ip: str, dqpn: int, psn: int, immediate: int | None, size: int) -> None:
+        """A message's last packet, overtaken by the next message's first: the span taken for one
+        message since the previous end holds two. The next message is either still being received,
+        or ended too (an unfinished entry). The span splits after this PSN; before it every packet
+        of the message is full (a First or a Middle)."""
+        q.messages += 1
+        self._ack(src_ip, dqpn, psn, q.messages)
+        ended = next((e for e in q.unfinished if _within(psn, e[0], e[1])), None)
+        if ended is not None:
+            first = ended[0]
+        elif _within(psn, q.msg_first, q.expected_psn):
+            first = q.msg_first
+        else:
+            return                  # older than any span remembered
+        short = _missing_in(q.missing, first, psn)
+        got = (((psn - first) & roce.PSN_MASK) - short) * q.full_size
+        with self.cond:
+            if ended is not None:   # the next message keeps the rest of the span
+                ended[0] = (psn + 1) & roce.PSN_MASK
+                ended[3] -= short + 1
+                t, rest, _ = self.arrived[ended[2]]
+                self.arrived[ended[2]] = (t, rest - got, ended[3] == 0)
+                if ended[3] == 0:
+                    q.unfinished.remove(ended)
+            else:
+                q.msg_first = (psn + 1) & roce.PSN_MASK
+                q.msg_bytes -= got
+            if immediate is not None:
+                if short:
+                    q.unfinished.append([first, psn, immediate, short])
+                self.arrived[immediate] = (time.monotonic(), got + size, not short)
+            self.cond.notify_all()
 
     def settled(self, ids) -> bool:
         """Every transfer in `ids` has arrived and is complete (call with `cond` held)."""
