@@ -48,6 +48,12 @@ def test_the_swarm_has_three_ready_nodes_labelled_by_machine(machines):
     assert {n["machine"]: n["role"] for n in nodes}["m1"] == "manager"
     assert {n["machine"]: n["addr"] for n in nodes} == {f"m{i}": f"192.168.77.{i}" for i in (1, 2, 3)}
     assert mrec.load() == machines and mrec.manager().name == "m1"
+    # each machine's cable steers by flow hash at both ends, as a NIC's RSS keeps a flow on one CPU
+    from labctl.kernel import nsutil, rps
+    want = {int(rps.cpu_mask(), 16)}
+    for m in machines:
+        assert {int(x, 16) for x in rps.read_masks(str(nsutil.path(f"lcm-{m}")), ["eth0"])["eth0"]} == want
+        assert {int(x, 16) for x in rps.read_masks("/proc/thread-self/ns/net", [f"lcm-{m}"])[f"lcm-{m}"]} == want
 
 
 def test_a_service_pinned_to_m2_runs_there_with_only_lo(machines):
@@ -127,7 +133,10 @@ def test_the_bgp_leaf_spine_runs_across_three_machines(machines, tmp_path):
         pairs, failed = pingall(plan)
         assert pairs == 80 and not failed, failed[:3]
         doc = run_workload(plan, lab, load_workload(ROOT / "workloads" / "allreduce.yml"), tmp_path / "ar")
-        assert all(r["wrong"] == 0 for r in doc["results"]) and doc["loss_ledger"]["total"] == 0
+        assert all(r["wrong"] == 0 for r in doc["results"]) and doc["loss_ledger"]["total"] == 0, (
+            [(r["size"], r["wrong"], r["timed_out"]) for r in doc["results"]], doc["loss_ledger"],
+            {rank: c["rx"] for rank, c in doc["counters"].items()})
+        assert doc["reordering"]["reordered"] == 0, doc["reordering"]   # the machines' cables keep flows in order
         # a capture on a sender's cross-machine port (srv2-gpu0 on m3 sends to srv1-gpu0 on m2 through
         # leaf1 on m1): the RoCE frames it sent and the pauses that crossed to it
         from labctl.lifecycle.capture import Capture

@@ -29,7 +29,7 @@ from labctl.cluster import machines as mrec
 from labctl.cluster import swarm, teardown
 from labctl.cluster.teardown import exec_root, pidfile, sock
 from labctl.errors import LabError
-from labctl.kernel import nsutil, rtnl
+from labctl.kernel import nsutil, rps, rtnl
 
 RUN_DIR = Path("/run/labctl")
 RECORD = RUN_DIR / "cluster-emulation.json"
@@ -222,6 +222,11 @@ def _cable(root, rec: dict, ent: dict, m: str, i: int, br: int, cidr: str) -> No
         b.add(rtnl.link_up(links["eth0"]), f"eth0 of {m} up")
         b.add(rtnl.link_up(links["lo"]), f"lo of {m} up")
         b.commit()
+    # a real machine's NIC keeps a flow on one CPU (RSS); a veth hands each packet to the backlog of
+    # the CPU that sent it, and two of them reorder a VXLAN flow between machines (kernel/rps.py)
+    mask = rps.cpu_mask()
+    rps.set_on_devices(str(nsutil.path(netns(m))), ["eth0"], mask)
+    rps.set_on_devices("/proc/thread-self/ns/net", [netns(m)], mask)
 
 
 def _start_dockerd(m: str, dockerd: str, ent: dict, rec: dict) -> str:

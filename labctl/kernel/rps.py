@@ -66,7 +66,11 @@ def read_masks(namespace_path: str, ifnames: list[str]) -> dict[str, list[str]]:
 
 
 def _in_namespace_sysfs(namespace_path: str, action) -> str:
-    """Run action(sysfs root) in a forked child that sees the namespace's sysfs; returns its text."""
+    """Run action(sysfs root) in a forked child that sees the namespace's sysfs; returns its text.
+    This process's own namespace is the one its /sys shows (a second sysfs of it cannot be mounted)."""
+    there, here = os.stat(namespace_path), os.stat("/proc/thread-self/ns/net")
+    if (there.st_dev, there.st_ino) == (here.st_dev, here.st_ino):
+        return action(Path("/sys"))
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - runs in the child
