@@ -181,6 +181,14 @@ def test_a_late_last_packet_of_a_message_short_of_another_stays_short_until_that
     assert (q.gaps, q.reordered, q.messages, q.unfinished) == (0, 2, 2, [])
 
 
+def test_a_late_last_packet_splits_by_the_size_a_late_first_packet_gave():
+    """Found by the property below: the only full packet of the split span had itself come late."""
+    a, b, c = _packets(1, imm=0), _packets(MTU + 1, imm=1, psn=1), _packets(1, imm=2, psn=3)
+    rx = Receiver(1, {}, NoSender(), None, reliable=False)
+    _deliver(rx, a + c + b)
+    assert {i: rx.arrived[i][1:] for i in range(3)} == {0: (1, True), 1: (MTU + 1, True), 2: (1, True)}
+
+
 @settings(max_examples=300, deadline=None)
 @given(sizes=st.lists(st.integers(1, 5 * MTU), min_size=1, max_size=6),
        swaps=st.lists(st.integers(0, 40), max_size=12))

@@ -193,6 +193,7 @@ class Receiver:
         if opcode in roce.ENDS:
             self._late_end(q, src_ip, dqpn, psn, immediate, size)
             return
+        q.full_size = size
         for entry in q.unfinished:
             first, last, imm, short = entry
             if _within(psn, first, last):
