@@ -15,7 +15,8 @@
 # Installs Vagrant, vagrant-libvirt, libvirt and QEMU if missing. libvirtd and virtlogd are started
 # here, in a network namespace of their own (their bridge, dnsmasq and NAT stay out of the host's),
 # with a qemu.conf bound over the host's in a private mount namespace (the host's file is untouched),
-# and stopped at the end with everything they made: no VM, volume, network or daemon is left.
+# and stopped at the end with everything they made: no VM, volume, network or daemon is left
+# (the box, and its disk as libvirt holds it, stay in the cache: $LABCTL_VM_CACHE/<key>/).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 mode=full
@@ -27,7 +28,7 @@ case "${1:-}" in
     [[ "$repeat_exp" =~ ^[a-z0-9-]+$ ]] && [ -f "$here/experiments/$repeat_exp.yml" ] ||
       { echo "test-vm.sh: no experiment '$repeat_exp' (one of: $(cd "$here/experiments" && ls *.yml | sed 's/\.yml$//' | tr '\n' ' '))" >&2; exit 2; } ;;
   "") ;;
-  -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
   *) echo "test-vm.sh: unknown option $1 (try --help)" >&2; exit 2 ;;
 esac
 [ "$(id -u)" -eq 0 ] || { echo "test-vm.sh: run as root (sudo $0)" >&2; exit 1; }
@@ -61,7 +62,7 @@ in_ns() { ip netns exec "$ns" "$@"; }
 vg() { (cd "$here" && in_ns vagrant "$@"); }
 guest() { say "guest: $*"; vg ssh -c "$*"; }
 
-pools_before="" domains_before="" volumes_before=""
+pools_before="" domains_before="" volumes_before="" cached_pool=""
 virsh_() { virsh -c qemu:///system "$@"; }
 cleanup() {
   set +e
@@ -81,6 +82,7 @@ cleanup() {
       # the box's volume (labctl-VAGRANTSLASH-...) and the VM's disk (labctl_default.img) are ours
       for vol in $(virsh_ vol-list "$pool" 2>/dev/null | awk 'NR>2 && $1 ~ /^labctl/ {print $1}'); do
         grep -qx "$pool/$vol" <<<"$volumes_before" && continue
+        [ "$pool" = "${cached_pool:-}" ] && [[ "$vol" == labctl-VAGRANTSLASH-* ]] && continue   # the box's, kept
         virsh_ vol-delete "$vol" --pool "$pool" >/dev/null 2>&1
       done
       grep -qx "$pool" <<<"$pools_before" && continue     # a pool that was there before is not ours
@@ -140,6 +142,23 @@ elif [ "$box" -nt "$VAGRANT_HOME/boxes/labctl-VAGRANTSLASH-debian12" ]; then
   vagrant box add --force --name "$LABCTL_BOX" "$box" >/dev/null     # rebuilt: replace the added one
 fi
 
+# The box's disk, uploaded into libvirt's storage once and kept beside the box: vagrant-libvirt
+# sends 1.6 GB through libvirt in 250 KB pieces on every `up` otherwise, finds the volume and skips
+# that when it is there. The pool is this daemon's `default`, defined over that directory for the
+# run; the VM's own disk (a copy-on-write layer over it) goes at the end, the box's disk stays. A
+# disk whose upload was cut short is never used: only the one an `up` booted from is named as kept.
+box_pool="$(dirname "$box")/pool"
+if ! virsh_ pool-info default >/dev/null 2>&1; then
+  mkdir -p "$box_pool"
+  kept=$(cat "$box_pool.uploaded" 2>/dev/null || true)
+  for f in "$box_pool"/*; do      # a VM disk or an upload left by a run that was killed
+    [ -e "$f" ] && [ "$(basename "$f")" != "$kept" ] && rm -f -- "$f"
+  done
+  virsh_ pool-define-as default dir --target "$box_pool" >/dev/null
+  virsh_ pool-start default >/dev/null
+  cached_pool=default
+fi
+
 t=$(date +%s)
 say "vagrant up (accel ${LABCTL_VM_ACCEL:-auto})"
 # vagrant-libvirt redraws its upload progress thousands of times on one line: keep the log readable
@@ -160,6 +179,13 @@ if ! up; then
   fi
 fi
 say "vagrant up in $(( $(date +%s) - t )) s"
+if [ -n "${cached_pool:-}" ]; then
+  # the disk this VM booted from (a box added again is uploaded under a new name; the next run
+  # removes any other)
+  backing=$(qemu-img info -U --output=json "$box_pool/labctl_default.img" 2>/dev/null |
+            python3 -c 'import json, os, sys; print(os.path.basename(json.load(sys.stdin).get("backing-filename", "")))')
+  [ -n "$backing" ] && [ -f "$box_pool/$backing" ] && echo "$backing" > "$box_pool.uploaded"
+fi
 
 failed=()
 step() {   # a guest step: timed, and a failure is recorded so that every step runs and is reported
