@@ -3,14 +3,16 @@
 #   ./install.sh          install: system packages, a virtualenv in .venv, /usr/local/bin/labctl
 #   ./install.sh --demo   install, then build the bundled leaf-spine lab, ping across it, show it,
 #                         run a ring all-reduce on it, and take it down again
+#   ./install.sh --system-packages   only the system packages (CI installs them before the VM tier)
 # The Vagrantfile provisions with this script; CI runs it too (.ci/run → test.sh).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-demo=0
+demo=0 system_only=0
 for arg in "$@"; do
   case "$arg" in
     --demo) demo=1 ;;
-    -h|--help) sed -n '2,6p' "$0"; exit 0 ;;
+    --system-packages) system_only=1 ;;
+    -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
     *) echo "install.sh: unknown option $arg (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -77,6 +79,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 else
   say "system packages present"
 fi
+[ "$system_only" = 1 ] && exit 0
 
 python=${PYTHON:-python3}
 if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then

@@ -134,7 +134,7 @@ python3 -m pip download -q --disable-pip-version-check --only-binary=:all: --pla
 # are removed again: the guest's rsync brings the tree it runs.
 say "labctl's virtualenv in /vagrant/.venv: install.sh from the wheelhouse, then compiled"
 mkdir -m 755 "$root/vagrant"
-tar -C "$here" --exclude=./.venv --exclude=./.git --exclude=./runs --exclude=./.vagrant -cf - . \
+tar -C "$here" --exclude=./.venv --exclude=./.git --exclude=./runs --exclude=./.vagrant --exclude=./labctl.egg-info -cf - . \
   | tar -C "$root/vagrant" --no-same-owner --no-same-permissions -xf -
 # a guest's environment, not this shell's (a PYTHON=, LABCTL_WHEELS= or PYTHONDONTWRITEBYTECODE= here
 # would name this machine's paths, or change what install.sh does)
