@@ -208,3 +208,15 @@ def test_any_reordering_of_adjacent_packets_delivers_every_message_whole(sizes, 
     (q,) = rx.qps.values()
     assert {imm: rx.arrived[imm][1:] for imm in range(len(sizes))} == {i: (s, True) for i, s in enumerate(sizes)}
     assert (q.gaps, q.late, q.messages, q.missing, q.unfinished) == (0, 0, len(sizes), set(), [])
+
+
+def test_a_late_last_packet_after_a_gap_too_long_to_track_leaves_both_messages_short():
+    """Found in review: PSNs lost in a gap longer than the receiver tracks one by one were counted
+    as received when the span split, and the message that lost them was called whole."""
+    from labctl.traffic.receiver import MAX_TRACKED_GAP
+    n = MAX_TRACKED_GAP + 4
+    a, b = _packets(n * MTU, imm=1), _packets(2 * MTU, imm=2, psn=n)
+    rx = Receiver(1, {}, NoSender(), None, reliable=False)
+    _deliver(rx, a[:1] + a[n - 2:n - 1] + b[:1] + a[n - 1:] + b[1:])   # a[1..n-3] lost, a's end late
+    assert rx.arrived[1][2] is False and rx.arrived[2][2] is False
+    assert rx.arrived[1][1] >= 0 and rx.arrived[2][1] >= 0

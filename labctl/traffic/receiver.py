@@ -217,23 +217,31 @@ class Receiver:
         ended = next((e for e in q.unfinished if _within(psn, e[0], e[1])), None)
         if ended is not None:
             first = ended[0]
+            # PSNs lost in a gap too long to remember one by one are in the entry's count only
+            untracked = ended[3] - 1 - _missing_in(q.missing, first, ended[1])
         elif _within(psn, q.msg_first, q.expected_psn):
-            first = q.msg_first
-        else:
-            return                  # older than any span remembered
-        short = _missing_in(q.missing, first, psn)
-        got = (((psn - first) & roce.PSN_MASK) - short) * q.full_size
+            first, untracked = q.msg_first, q.untracked
+        else:                       # older than any span remembered: it came, whole or not
+            if immediate is not None:
+                with self.cond:
+                    self.arrived[immediate] = (time.monotonic(), size, False)
+                    self.cond.notify_all()
+            return
+        tracked = _missing_in(q.missing, first, psn)
+        # where in the span the untracked PSNs were is not known: both messages stay short of them
+        short = tracked + untracked
+        got = max(0, ((psn - first) & roce.PSN_MASK) - short) * q.full_size
         with self.cond:
             if ended is not None:   # the next message keeps the rest of the span
                 ended[0] = (psn + 1) & roce.PSN_MASK
-                ended[3] -= short + 1
+                ended[3] -= tracked + 1
                 t, rest, _ = self.arrived[ended[2]]
-                self.arrived[ended[2]] = (t, rest - got, ended[3] == 0)
+                self.arrived[ended[2]] = (t, max(0, rest - got), ended[3] == 0)
                 if ended[3] == 0:
                     q.unfinished.remove(ended)
             else:
                 q.msg_first = (psn + 1) & roce.PSN_MASK
-                q.msg_bytes -= got
+                q.msg_bytes = max(0, q.msg_bytes - got)
             if immediate is not None:
                 if short:
                     q.unfinished.append([first, psn, immediate, short])
