@@ -47,7 +47,10 @@ def set_on_devices(namespace_path: str, ifnames: list[str], mask: str) -> None:
     """The sysfs path: write `mask` to every rx queue of `ifnames` in the namespace at `namespace_path`."""
     def write(sys: Path) -> str:
         for name in ifnames:
-            for q in _rx_queues(sys, name):
+            queues = _rx_queues(sys, name)
+            if not queues:      # a sysfs of another namespace than the one meant: nothing to steer
+                raise OSError(f"no receive queues for {name} in {sys}")
+            for q in queues:
                 with open(q / "rps_cpus", "w") as f:
                     f.write(mask)
         return ""
