@@ -6,6 +6,7 @@
 #                            README's demo, experiments/incast-pfc.yml and ecmp-entropy.yml, and the
 #                            root test modules for sysctls, routing, shaping and VXLAN; then destroy
 #   vm/test-vm.sh --smoke    box, vagrant up, doctor, demo, destroy (what CI runs)
+#   vm/test-vm.sh --packages only install Vagrant, libvirt and QEMU if missing (CI does first)
 #   vm/test-vm.sh --repeat N EXPERIMENT
 #                            box, vagrant up, doctor, then experiments/EXPERIMENT.yml N times in
 #                            one guest, each kept under LABCTL_VM_KEEP as EXPERIMENT-K.tar.gz, and
@@ -22,13 +23,14 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 mode=full
 case "${1:-}" in
   --smoke) mode=smoke ;;
+  --packages) mode=packages ;;
   --repeat)
     mode=repeat; repeat=${2:-}; repeat_exp=${3:-}
     [[ "$repeat" =~ ^[1-9][0-9]?$ ]] || { echo "test-vm.sh: --repeat takes a count from 1 to 99, then an experiment" >&2; exit 2; }
     [[ "$repeat_exp" =~ ^[a-z0-9-]+$ ]] && [ -f "$here/experiments/$repeat_exp.yml" ] ||
       { echo "test-vm.sh: no experiment '$repeat_exp' (one of: $(cd "$here/experiments" && ls *.yml | sed 's/\.yml$//' | tr '\n' ' '))" >&2; exit 2; } ;;
   "") ;;
-  -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
   *) echo "test-vm.sh: unknown option $1 (try --help)" >&2; exit 2 ;;
 esac
 [ "$(id -u)" -eq 0 ] || { echo "test-vm.sh: run as root (sudo $0)" >&2; exit 1; }
@@ -57,6 +59,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   say "installing ${missing[*]}"
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+[ "$mode" = packages ] && exit 0
 
 in_ns() { ip netns exec "$ns" "$@"; }
 vg() { (cd "$here" && in_ns vagrant "$@"); }
@@ -148,14 +151,13 @@ fi
 # run; the VM's own disk (a copy-on-write layer over it) goes at the end, the box's disk stays. A
 # disk whose upload was cut short is never used: only the one an `up` booted from is named as kept.
 box_pool="$(dirname "$box")/pool"
-if ! virsh_ pool-info default >/dev/null 2>&1; then
+if ! virsh_ pool-info default >/dev/null 2>&1; then     # transient: it goes with this daemon
   mkdir -p "$box_pool"
   kept=$(cat "$box_pool.uploaded" 2>/dev/null || true)
   for f in "$box_pool"/*; do      # a VM disk or an upload left by a run that was killed
     [ -e "$f" ] && [ "$(basename "$f")" != "$kept" ] && rm -f -- "$f"
   done
-  virsh_ pool-define-as default dir --target "$box_pool" >/dev/null
-  virsh_ pool-start default >/dev/null
+  virsh_ pool-create-as default dir --target "$box_pool" >/dev/null
   cached_pool=default
 fi
 
@@ -170,6 +172,11 @@ if ! up; then
   say "vagrant up failed after $(( $(date +%s) - t )) s; the guest's console ended with:"
   tail -n 40 "$LABCTL_VM_CONSOLE" 2>/dev/null || echo "(no console output)"
   vg destroy -f || true
+  if [ -n "${cached_pool:-}" ]; then      # an upload that failed part-way is not booted from
+    for f in "$box_pool"/labctl-VAGRANTSLASH-*; do
+      [ -e "$f" ] && [ "$(basename "$f")" != "$kept" ] && virsh_ vol-delete "$(basename "$f")" --pool default >/dev/null 2>&1
+    done
+  fi
   say "vagrant up: one more try"
   t=$(date +%s)
   if ! up; then
@@ -183,8 +190,14 @@ if [ -n "${cached_pool:-}" ]; then
   # the disk this VM booted from (a box added again is uploaded under a new name; the next run
   # removes any other)
   backing=$(qemu-img info -U --output=json "$box_pool/labctl_default.img" 2>/dev/null |
-            python3 -c 'import json, os, sys; print(os.path.basename(json.load(sys.stdin).get("backing-filename", "")))')
-  [ -n "$backing" ] && [ -f "$box_pool/$backing" ] && echo "$backing" > "$box_pool.uploaded"
+            python3 -c 'import json, os, sys; print(os.path.basename(json.load(sys.stdin).get("backing-filename", "")))' \
+            2>/dev/null) || backing=""
+  box_img="$VAGRANT_HOME/boxes/labctl-VAGRANTSLASH-debian12/0/libvirt/box.img"
+  # whole: as long as the box's own image (an upload cut short is shorter)
+  if [ -n "$backing" ] && [ -f "$box_pool/$backing" ] &&
+     [ "$(stat -c %s "$box_pool/$backing")" = "$(stat -c %s "$box_img" 2>/dev/null)" ]; then
+    echo "$backing" > "$box_pool.uploaded"
+  fi
 fi
 
 failed=()
