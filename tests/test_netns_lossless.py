@@ -39,10 +39,11 @@ class Burners:
             p.wait()
 
 
-def assert_lossless(doc: dict) -> None:
+def assert_lossless(doc: dict, incasts: int = 1) -> None:
+    """`doc`: one run of `incasts` incasts back to back."""
     ops = [(r["iteration"], r["wrong"], r["timed_out"]) for r in doc["results"]]
-    assert len(ops) == RUNS and all(wrong == 0 and not timed_out for _, wrong, timed_out in ops), ops
-    where = f"{RUNS} incasts"
+    assert len(ops) == incasts and all(wrong == 0 and not timed_out for _, wrong, timed_out in ops), ops
+    where = f"{incasts} incast(s)"
     rx = [q for c in doc["counters"].values() for q in c["rx"]]
     tx = [q for c in doc["counters"].values() for q in c["tx"]]
     for field in ("gaps", "late", "reordered", "dropped"):
@@ -56,7 +57,7 @@ def assert_lossless(doc: dict) -> None:
     # the headroom is sized for the controller's reaction; what the machine stalled every process for
     # (stallwatch: CI's host once did for 33-46 ms) is taken out and reported, never excused silently:
     # 0 loss above is asserted whatever the machine did
-    assert react["reads"] > 100 and react["controller_within_headroom"], (where, react)
+    assert react["reads"] > 100 * incasts and react["controller_within_headroom"], (where, react)
     if not react["within_headroom"]:
         print(f"{where}: {react}")
 
@@ -81,7 +82,7 @@ def test_the_bundled_incast_loses_nothing_twenty_times_in_a_row(built_lab, tmp_p
     workload = tmp_path / "incast.yml"
     workload.write_text(INCAST.read_text() + f"iterations: {RUNS}\n")
     with Burners(burners):
-        assert_lossless(run_workload(plan, lab, load_workload(workload), tmp_path / "run"))
+        assert_lossless(run_workload(plan, lab, load_workload(workload), tmp_path / "run"), RUNS)
 
 
 # every hop of both kinds of path into the incast root: NVLink (srv1-gpu2 -> srv1-nvs -> srv1-gpu0)
