@@ -141,8 +141,10 @@ box=$("$here/vm/build-box.sh" | tail -1)
 say "box ready in $(( $(date +%s) - t )) s: $box"
 if ! VAGRANT_HOME="$VAGRANT_HOME" vagrant box list 2>/dev/null | grep -q "^$LABCTL_BOX "; then
   vagrant box add --force --name "$LABCTL_BOX" "$box" >/dev/null
-elif [ "$box" -nt "$VAGRANT_HOME/boxes/labctl-VAGRANTSLASH-debian12" ]; then
-  vagrant box add --force --name "$LABCTL_BOX" "$box" >/dev/null     # rebuilt: replace the added one
+elif [ "$box" -nt "$VAGRANT_HOME/boxes/labctl-VAGRANTSLASH-debian12/0/libvirt/box.img" ]; then
+  # rebuilt: replace the added one. Its image is what the add wrote; the box's directory keeps the
+  # time of the first add, so a box rebuilt since was added again, and uploaded again, on every run
+  vagrant box add --force --name "$LABCTL_BOX" "$box" >/dev/null
 fi
 
 # The box's disk, uploaded into libvirt's storage once and kept beside the box: vagrant-libvirt
