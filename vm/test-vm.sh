@@ -59,7 +59,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   say "installing ${missing[*]}"
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
-[ "$mode" = packages ] && exit 0
+[ "$mode" = packages ] && { rmdir "$run"; exit 0; }
 
 in_ns() { ip netns exec "$ns" "$@"; }
 vg() { (cd "$here" && in_ns vagrant "$@"); }
