@@ -64,7 +64,12 @@ def test_the_api_builds_uses_and_always_removes_a_lab(state_dir, lab_name, tmp_p
 
 
 @pytest.mark.netns
-@pytest.mark.parametrize("script, args", [("ping_check.py", []), ("allreduce_sweep.py", ["--seeds", "1,4", "--size", "2MB"]),
+# allreduce_sweep.py compares two draws' times against their bounds: beside the first part's other
+# worker and the VM tier the spread draw itself ran at 1.72x its bound (CI, 2026-12-07), so it is timed
+# with the machine to itself, as pfc_compare.py's loss is
+@pytest.mark.parametrize("script, args", [("ping_check.py", []),
+                                          pytest.param("allreduce_sweep.py", ["--seeds", "1,4", "--size", "2MB"],
+                                                       marks=pytest.mark.solo),
                                           pytest.param("pfc_compare.py", [], marks=pytest.mark.solo)])
 def test_the_examples_run(state_dir, lab_name, tmp_path, script, args):
     require_root()
