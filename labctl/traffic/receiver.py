@@ -166,7 +166,7 @@ class Receiver:
         q.msg_bytes += size
         if opcode not in roce.ENDS:
             q.full_size = size       # Firsts and Middles carry the path's whole RoCE MTU
-        if opcode in roce.ENDS:
+        else:
             q.messages += 1
             self._ack(src_ip, dqpn, psn, q.messages)
             first, q.msg_first = q.msg_first, (psn + 1) & roce.PSN_MASK
