@@ -1,6 +1,8 @@
 """The WAN's model, without root: bandwidth-delay product against buffer and distance."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from labctl.plan import qos
@@ -42,21 +44,36 @@ def test_go_back_n_waits_longer_than_a_wan_round_trip_and_a_full_dci_queue():
 
 
 def test_the_replica_all_reduce_bursts_12_6_mb_into_the_dci_router_per_phase():
-    """scale-across-buffers' model: one layer at hidden 1024 in bf16, sharded over a zone's 4 GPUs;
-    the replica all-reduce sends, per phase and per direction, 4 x half a 6.3 MB shard across the
-    WAN, which arrives at 800G and leaves at 400G: half of it queues (docs/load-balancing.md)."""
+    """scale-across-buffers' model: one layer at hidden 1024 in bf16, sharded over a zone's 2 GPUs;
+    the replica all-reduce sends, per phase and per direction, 2 x half a 12.6 MB shard across the
+    WAN. It arrives at the two GPUs' 800G (the spine-DCI link is as fast: nothing queues in the
+    zone) and leaves at 400G: half of it queues (docs/load-balancing.md)."""
+    from labctl.experiment.spec import load_experiment
+    from labctl.plan.compile import compile_plan
+    from labctl.topology.load import load_topology
     from labctl.traffic import fsdp, schedule as sch
-    zone = {r: r // 4 for r in range(8)}
+    root = Path(__file__).resolve().parents[1]
+    exp, _, _ = load_experiment(root / "experiments" / "scale-across-buffers.yml")
+    plan = compile_plan(load_topology(root / "topologies" / "scale-across.yml", exp.set, name="t"))
+    gpus = sorted((n.rank, n.zone) for n in plan.nodes if n.rank is not None)
+    zone = dict(gpus)
+    per_zone = sum(1 for _, z in gpus if z == gpus[0][1])
+    assert per_zone == 2
     model = fsdp.model_from(None, 1, 1024, None, "bf16")
     crossing = 0
-    for stage in fsdp.fsdp_step(model, list(range(8)), "HYBRID_SHARD", 4):
+    for stage in fsdp.fsdp_step(model, list(zone), "HYBRID_SHARD", per_zone):
         for c in stage:
             if "replica" not in c.label:
                 continue
             for group in c.groups:
                 s = sch.GENERATORS[c.collective](list(group), c.size, 512 * 1024, 1)
-                crossing += sum(t.nbytes for t in s.transfers if zone[t.src] == 0 and zone[t.dst] == 1)
+                crossing += sum(t.nbytes for t in s.transfers if zone[t.src] == "z1" and zone[t.dst] == "z2")
     per_phase = crossing / 2                      # reduce-scatter, then all-gather
     assert per_phase == pytest.approx(12.6e6, rel=0.01)
-    peak = per_phase * (1 - 400 / 800)
-    assert 2_000_000 < peak < qos.bdp_bytes(400 * 10**9, 100 * 4900)    # drops at 2 MB, not at the BDP
+    (into_dci,) = [lk.rate_bps for lk in plan.links if set(lk.nodes) == {"z1-spine1", "z1-dci1"}]
+    from_gpus = sum(lk.rate_bps for lk in plan.links if any(n.startswith("z1-srv") for n in lk.nodes))
+    arrival = min(into_dci, from_gpus)          # the zone's GPUs, or the spine link if it is slower
+    assert arrival == from_gpus == 800 * 10**9
+    peak = per_phase * (1 - 400e9 / arrival)
+    assert peak == pytest.approx(6.3e6, rel=0.01)
+    assert 2 * 2_000_000 < peak < qos.bdp_bytes(400 * 10**9, 100 * 4900)    # drops at 2 MB, not at the BDP
