@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -127,10 +128,10 @@ def test_tc_set_turns_pfc_off_and_on_at_runtime_and_the_queue_series_shows_it(bu
                       for c in ("drops", "ecn_marked", "pfc_tx", "pfc_rx")}
 
     for tag, setting in (("on", None), ("off", "off"), ("again", "on")):
-        if setting:
-            for switch in switches:
-                r = labctl_cli(state_dir, "tc", "set", switch, "--pfc", setting, "--lab", lab_name)
-                assert r.returncode == 0 and "applied pfc" in r.stdout, r.stdout + r.stderr
+        if setting:                     # every switch in one command, as a user turns a fabric's PFC off
+            r = labctl_cli(state_dir, "tc", "set", *switches, "--pfc", setting, "--lab", lab_name)
+            assert r.returncode == 0, r.stdout + r.stderr
+            assert sorted(re.findall(r"applied pfc=\w+ to \d+ port class\(es\) on (\S+)", r.stdout)) == sorted(switches)
         (tmp_path / tag).mkdir()
         gaps, series = run(tag)
         if tag == "off":
@@ -150,6 +151,11 @@ def test_tc_set_ecn_thresholds_change_the_marking_and_bad_values_are_refused(bui
     assert r.returncode != 0 and "kmin 100000 is above kmax 50000" in r.stderr, r.stderr
     r = labctl_cli(state_dir, "tc", "set", "srv1-gpu0", "--kmin", "1KB", "--lab", lab_name)
     assert r.returncode != 0 and "ECN settings apply to ECN classes on switches" in r.stderr, r.stderr
+    # several targets: all are checked before any changes, so the switch before the GPU keeps its own
+    r = labctl_cli(state_dir, "tc", "set", "leaf1", "srv1-gpu0", "--kmin", "1KB", "--lab", lab_name)
+    assert r.returncode != 0 and "ECN settings apply to ECN classes on switches" in r.stderr, r.stderr
+    shown = json.loads(labctl_cli(state_dir, "tc", "show", "leaf1", "--json", "--lab", lab_name).stdout)
+    assert all(q["kmin"] != 1000 for q in shown["queues"] if q["ecn"]), shown["queues"]
     r = labctl_cli(state_dir, "tc", "set", "leaf1:srv1-gpu0", "--kmin", "100KB", "--kmax", "400KB", "--pmax", "0.5",
                    "--lab", lab_name)
     assert r.returncode == 0, r.stderr

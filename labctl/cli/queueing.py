@@ -80,7 +80,7 @@ ON_OFF = click.Choice(["on", "off"])
 
 
 @tc.command("set")
-@click.argument("target", metavar="NODE[:PORT]")
+@click.argument("targets", metavar="NODE[:PORT]...", nargs=-1, required=True)
 @click.option("--rate", help="the port's new rate in the lab, e.g. 50M (real rate = this x dilation); needs a PORT")
 @click.option("--class", "class_name", help="only this class (default: every class the setting applies to)")
 @click.option("--ecn", type=ON_OFF, help="ECN marking on/off (switch ports, ECN-capable classes)")
@@ -91,29 +91,34 @@ ON_OFF = click.Choice(["on", "off"])
 @click.option("--xoff", help="PFC: depth that pauses the feeding ports, e.g. 1MB")
 @click.option("--xon", help="PFC: depth that releases them again")
 @click.option("--lab", "lab_name", help="the lab (needed when several are up)")
-def tc_set(target, rate, class_name, ecn, kmin, kmax, pmax, pfc, xoff, xon, lab_name):
+def tc_set(targets, rate, class_name, ecn, kmin, kmax, pmax, pfc, xoff, xon, lab_name):
     """Change a port's rate, ECN thresholds or PFC while the lab runs.
 
     Thresholds and on/off switches go to the lab's controller, which applies them within 10 ms;
-    `labctl tc show` shows what is in force. NODE alone changes every port of the node.
+    `labctl tc show` shows what is in force. NODE alone changes every port of the node; several
+    targets are changed in turn, and every one is checked before any is changed.
 
     \b
     Example:
       sudo labctl tc set leaf1:spine1 --rate 50M      # halve an uplink: watch ECMP and ECN react
       sudo labctl tc set leaf1 --pfc off              # the lossy alternative: incast now drops
+      sudo labctl tc set leaf1 leaf2 spine1 --pfc off # the whole fabric at once
       sudo labctl tc set leaf1:srv1-gpu0 --kmin 100KB --kmax 400KB --pmax 0.5
     """
     from labctl import lifecycle as labmod
-    lab, plan, node, iface = _target(target, lab_name, need_iface=rate is not None)
+    resolved = [_target(t, lab_name, need_iface=rate is not None) for t in targets]
     settings = {"ecn": ecn, "kmin": kmin, "kmax": kmax, "pmax": pmax, "pfc": pfc, "xoff": xoff, "xon": xon}
-    bps, count = labmod.tc_set(lab, plan, node, iface, class_name, rate, **settings)
-    if bps is not None:
-        out.print(f"{node.name}:{iface} now shaped to {format_rate(bps)} "
-                  f"({format_rate(bps * plan.dilation)} on the real fabric)", highlight=False)
+    for lab, plan, node, iface in resolved:
+        labmod.tc_check(lab, plan, node, iface, class_name, rate, **settings)
     given = {k: v for k, v in settings.items() if v is not None}
-    if given:
-        out.print(f"applied {', '.join(f'{k}={v}' for k, v in given.items())} to {count} port class(es) "
-                  f"on {node.name}{':' + iface if iface else ''}", highlight=False)
+    for lab, plan, node, iface in resolved:
+        bps, count = labmod.tc_set(lab, plan, node, iface, class_name, rate, **settings)
+        if bps is not None:
+            out.print(f"{node.name}:{iface} now shaped to {format_rate(bps)} "
+                      f"({format_rate(bps * plan.dilation)} on the real fabric)", highlight=False)
+        if given:
+            out.print(f"applied {', '.join(f'{k}={v}' for k, v in given.items())} to {count} port class(es) "
+                      f"on {node.name}{':' + iface if iface else ''}", highlight=False)
 
 
 @cli.command()

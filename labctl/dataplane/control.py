@@ -167,7 +167,19 @@ ECN_KEYS, PFC_KEYS = {"ecn", "kmin", "kmax", "pmax"}, {"pfc", "xoff", "xon"}
 
 def apply(lab_path: Path, plan, node, iface: str | None, class_name: str | None, changes: dict) -> int:
     """Send `changes` for the classes of node[:iface] they apply to; returns how many port classes
-    changed once the controller confirmed them. ECN settings go to ECN classes on switches, PFC
+    changed once the controller confirmed them."""
+    from labctl.errors import LabError
+    picked = pick(lab_path, plan, node, iface, class_name, changes)
+    generation = merge(lab_path, picked)
+    if not wait_applied(lab_path, generation):
+        raise LabError("the lab's controller did not confirm the change within 2 s",
+                       "is the lab up? `labctl status` shows the controller; `labctl down` and `up` restart it")
+    return len(picked)
+
+
+def pick(lab_path: Path, plan, node, iface: str | None, class_name: str | None, changes: dict) -> dict:
+    """The port classes of node[:iface] that `changes` apply to, each with its changes, checked
+    against what is in force; nothing is changed. ECN settings go to ECN classes on switches, PFC
     settings to lossless classes."""
     from labctl.errors import LabError
     overrides = load(lab_path)["ports"]
@@ -195,8 +207,4 @@ def apply(lab_path: Path, plan, node, iface: str | None, class_name: str | None,
         raise LabError(f"no class on {node.name}{':' + iface if iface else ''} takes {sorted(changes)}",
                        "ECN settings apply to ECN classes on switches, PFC settings to lossless classes; "
                        f"classes here: {', '.join(classes)}")
-    generation = merge(lab_path, picked)
-    if not wait_applied(lab_path, generation):
-        raise LabError("the lab's controller did not confirm the change within 2 s",
-                       "is the lab up? `labctl status` shows the controller; `labctl down` and `up` restart it")
-    return len(picked)
+    return picked

@@ -94,10 +94,10 @@ def settings_from_text(values: dict) -> dict:
     return out
 
 
-def tc_set(lab: state.LabDir, plan: LabPlan, node: Node, iface: str | None, class_name: str | None = None,
-           rate: str | None = None, **settings) -> tuple[int | None, int]:
-    """A port's rate (at once, in the kernel) and ECN/PFC settings (through the controller, confirmed).
-    Returns (the new rate or None, how many port classes took the settings)."""
+def tc_check(lab: state.LabDir, plan: LabPlan, node: Node, iface: str | None, class_name: str | None = None,
+             rate: str | None = None, **settings) -> tuple[int | None, dict]:
+    """What `tc_set` would change, checked, with nothing changed: (the new rate or None, the
+    controller's settings)."""
     from labctl.dataplane import control
     changes = settings_from_text(settings)
     if rate is None and not changes:
@@ -113,6 +113,18 @@ def tc_set(lab: state.LabDir, plan: LabPlan, node: Node, iface: str | None, clas
         if bps < qos.MIN_CLASS_BPS:
             raise LabError(f"--rate {rate}: a port is shaped to {qos.MIN_CLASS_BPS // 1000} kbit/s at least",
                            "give 8K or more (to stop a port, `labctl link down NODE:PORT`)")
+    if changes:
+        control.pick(lab.path, plan, node, iface, class_name, changes)
+    return bps, changes
+
+
+def tc_set(lab: state.LabDir, plan: LabPlan, node: Node, iface: str | None, class_name: str | None = None,
+           rate: str | None = None, **settings) -> tuple[int | None, int]:
+    """A port's rate (at once, in the kernel) and ECN/PFC settings (through the controller, confirmed).
+    Returns (the new rate or None, how many port classes took the settings)."""
+    from labctl.dataplane import control
+    bps, changes = tc_check(lab, plan, node, iface, class_name, rate, **settings)
+    if bps is not None:
         set_rate(lab, plan, node, iface, bps)
     count = control.apply(lab.path, plan, node, iface, class_name, changes) if changes else 0
     return bps, count
