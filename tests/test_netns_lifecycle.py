@@ -60,6 +60,44 @@ def test_sigkill_half_way_then_clean_removes_it_all_and_nothing_else(state_dir, 
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
+def test_sigterm_unwinds_a_build_and_an_experiment_and_leaves_nothing(state_dir, lab_name, tmp_path):
+    """`kill` (SIGTERM) of `up` rolls the half-built lab back, and of an experiment downs its lab
+    and stops its agents and helpers, as Ctrl-C does: nothing is left for `labctl clean`."""
+    require_root()
+    env = {**os.environ, "LABCTL_STATE_DIR": str(state_dir), "LABCTL_EXPERIMENT_PREFIX": f"{lab_name}-x"}
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "labctl", "up", str(LEAF_SPINE), "--name", lab_name,
+                                 "--set", "servers=48", "--set", "gpus_per_server=4"],
+                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        journal = state_dir / lab_name / "journal"
+        assert wait_for(lambda: journal.exists() and journal.read_text().count("\nnetns-id ") >= 20, timeout=30)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 128 + signal.SIGTERM, proc.stderr.read()
+        assert lab_namespaces(lab_name + "-") == []
+        assert not (state_dir / lab_name).exists()
+
+        exp = tmp_path / "slow.yml"
+        exp.write_text(f"name: slow\ntopology: {LEAF_SPINE}\nset: [scale_up=false]\nsteps:\n"
+                       "  - run: {name: ar, collective: all_reduce, sizes: [256MB]}\n")
+        proc = subprocess.Popen([sys.executable, "-m", "labctl", "run", str(exp), "--out", str(tmp_path / "out")],
+                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        for line in proc.stderr:
+            if "] run " in line:
+                break
+        lab = state_dir / f"{lab_name}-xslow"
+        assert wait_for(lambda: (lab / "journal").exists() and (lab / "journal").read_text().count("\npid ") >= 9,
+                        timeout=30)       # the controller and the eight agents (with their launcher)
+        pids = [int(x.split()[1].split(":")[0]) for x in (lab / "journal").read_text().splitlines()
+                if x.startswith("pid ")]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 128 + signal.SIGTERM
+        assert lab_namespaces(f"{lab_name}-x") == [] and not lab.exists()
+        assert [p for p in pids if Path(f"/proc/{p}").exists()] == []
+    finally:
+        for ns in lab_namespaces(lab_name + "-"):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
 def test_cli_up_status_route_exec_down(state_dir, lab_name):
     require_root()
     env = {**os.environ, "LABCTL_STATE_DIR": str(state_dir)}

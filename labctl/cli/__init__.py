@@ -1,7 +1,17 @@
 """The labctl command line: a thin layer over lifecycle/, topology/, plan/, traffic/, exports/ and the API."""
+import signal
+
 from labctl.cli import cluster, containers, estimate, inspect, lifecycle, pipeline, prompt, queueing, traffic  # noqa: F401  (registers commands)
 from labctl.cli.base import cli
 
 
 def main():
+    # a stopped command unwinds as Ctrl-C does: a half-built lab rolls back, an experiment downs its
+    # lab and a run stops its agents (the default SIGTERM would leave them to `labctl down`)
+    signal.signal(signal.SIGTERM, _stop)
     cli(prog_name="labctl")
+
+
+def _stop(signum, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)    # a second TERM must not cut the unwinding short
+    raise SystemExit(128 + signum)
