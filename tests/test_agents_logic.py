@@ -148,11 +148,18 @@ def test_the_agent_behind_a_forking_wrapper_is_found_and_every_thread_is_schedul
                                             "threading.Thread(target=time.sleep, args=(30,)).start(); "
                                             "time.sleep(30)'; exit 0"])
     try:
+        def exec_done(pid: int) -> bool:     # labctl asks once the agent said ready: long past its exec
+            try:
+                return b"python" in Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                return False
         deadline = time.monotonic() + 10
-        while procs.descendant(wrapper.pid) == wrapper.pid and time.monotonic() < deadline:
+        # a forked child's cmdline reads empty while it execs (ci53): wait for the exec, as labctl does
+        while not (procs.descendant(wrapper.pid) != wrapper.pid and exec_done(procs.descendant(wrapper.pid))) \
+                and time.monotonic() < deadline:
             time.sleep(0.01)
         child = procs.descendant(wrapper.pid)
-        assert child != wrapper.pid and b"python" in Path(f"/proc/{child}/cmdline").read_bytes()
+        assert child != wrapper.pid and exec_done(child)
         while len(os.listdir(f"/proc/{child}/task")) < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
         said = procs.prioritise_all(child)

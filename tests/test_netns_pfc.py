@@ -52,7 +52,7 @@ def test_lossless_incast_loses_nothing_and_pauses_agree_at_both_ends(built_lab, 
     spine1 = plan.node("spine1")
     pcap = tmp_path / "spine1-leaf1.pcap"
     cap = subprocess.Popen(["ip", "netns", "exec", spine1.namespace, "tcpdump", "-i", "leaf1", "-U", "-w", str(pcap),
-                            "ether proto 0x8808"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            "ether proto 0x8808"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     # tcpdump writes the file's header once its capture is open: from then on it sees every frame
     # (a fixed sleep missed the first pauses while the machine was busy starting it)
     deadline = time.monotonic() + 30
@@ -61,10 +61,14 @@ def test_lossless_incast_loses_nothing_and_pauses_agree_at_both_ends(built_lab, 
         time.sleep(0.05)
     try:
         doc = incast(plan, tmp_path)
+        # the capture ends once leaf1 has sent its last pause: a resume can follow the incast's last
+        # byte by a poll (ci53 counted 126 where the capture, stopped 0.3 s after, had 124)
+        sent = [-1, pfc_counters(plan)[("leaf1", "spine1")]["pfc_tx"]]
+        while sent[-1] != sent[-2] and len(sent) < 20:
+            sent.append(pfc_counters(plan)[("leaf1", "spine1")]["pfc_tx"])
     finally:
-        time.sleep(0.3)
         cap.send_signal(signal.SIGINT)
-        cap.wait(timeout=10)
+        _, said = cap.communicate(timeout=10)     # tcpdump's own count, and any it dropped
     (r,) = doc["results"]
     rx = [q for c in doc["counters"].values() for q in c["rx"]]
     queues = lab_queues(plan)
@@ -89,7 +93,7 @@ def test_lossless_incast_loses_nothing_and_pauses_agree_at_both_ends(built_lab, 
     leaf1_mac = plan.node("leaf1").iface("spine1").mac
     from_leaf1 = [line for line in out if line.startswith(leaf1_mac)]
     assert from_leaf1 and all("Class Based Flow Control" in line for line in from_leaf1)
-    assert len(from_leaf1) == counters[("leaf1", "spine1")]["pfc_tx"]
+    assert len(from_leaf1) == counters[("leaf1", "spine1")]["pfc_tx"], (sent, said)
 
 
 def test_without_pfc_the_same_incast_drops_and_reliable_mode_retransmits(built_lab, tmp_path):
