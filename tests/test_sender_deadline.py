@@ -74,3 +74,35 @@ def test_a_qp_idle_past_its_timer_does_not_resend_a_new_message_at_once():
         rx.close()
         for s in tx.sockets.values():
             s.close()
+
+
+def test_a_dcqcn_qp_resends_at_its_cut_rate_not_at_once():
+    """A NIC's rate limiter holds every packet of its QP: after a CNP cut, go-back-N's resends leave
+    at the QP's DCQCN rate, as its first sends do (they once left in one burst, whatever the rate)."""
+    from labctl.traffic.dcqcn import Params
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    rx.bind((DST, roce.ROCE_PORT))
+    line = 80e6                                     # the QP's line rate, bit/s
+    tx = Sender(rank=0, mtu=MTU, sport_policy="per-qp", rng=random.Random(1), reliable=True, gso=False,
+                dcqcn=Params().scaled(4000))      # its timers: 0.22 s, far longer than the resend
+    try:
+        tx.send_message({"dst": 1, "qp": 0, "src_addr": SRC, "dst_addr": DST, "nbytes": 20 * MTU, "id": 9,
+                         "line_rate": line})
+        (lq, q), = tx.qps.items()
+        tx.on_cnp(lq)                               # alpha 1: the rate halves
+        rate = q.rp.rc
+        assert rate == line / 2
+        line_floor = 19 * (MTU + roce.FRAME_OVERHEAD) * 8 / line
+        tx.on_ack(lq, 0, roce.NAK_PSN_SEQ_ERR)
+        t0 = time.monotonic()
+        tx.go_back(q)
+        took = time.monotonic() - t0
+        assert q.retransmitted == 20
+        # 20 frames at the cut rate (the first leaves at once: its predecessor's end has passed)
+        floor = 19 * (MTU + roce.FRAME_OVERHEAD) * 8 / rate
+        assert floor * 0.9 < took < floor * 3 + 0.2, (took, floor)
+        assert took > 1.8 * line_floor                  # slower than the line: the cut rate held
+    finally:
+        rx.close()
+        for s in tx.sockets.values():
+            s.close()

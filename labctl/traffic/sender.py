@@ -231,10 +231,12 @@ class Sender:
                     q.resend_from = psn
 
     def go_back(self, q: QpTx) -> None:
-        """Send again every unacknowledged packet from the PSN the receiver asked for. Not past the
-        operation's deadline: under go-back-N a sprayed flow's resends are reordered and asked for
-        again without end, and an agent that went on resending ran its operation to twice its
-        `timeout`. The request is kept, so the next operation's first pass resends from there."""
+        """Send again every unacknowledged packet from the PSN the receiver asked for, at the QP's
+        DCQCN rate when it has one (a NIC's rate limiter holds every packet of the QP, resends
+        too). Not past the operation's deadline: under go-back-N a sprayed flow's resends are
+        reordered and asked for again without end, and an agent that went on resending ran its
+        operation to twice its `timeout`. The request is kept, so the next operation's first pass
+        resends from there (from where a paced resend stopped, if the deadline came during it)."""
         if time.monotonic() > self.deadline:
             return
         with self.lock:
@@ -250,9 +252,17 @@ class Sender:
                     continue
                 if not psn_before(psn, q.sent_upto):
                     return  # the rest of this message has not been sent for the first time yet
+                wire = len(payload) + roce.FRAME_OVERHEAD - roce.BTH_LEN - roce.ICRC_LEN
+                if q.rp is not None:
+                    if time.monotonic() > self.deadline:
+                        with self.lock:
+                            if q.resend_from is None:
+                                q.resend_from = psn
+                        return
+                    self._pace(q, wire)
                 send(m.sock, payload, [], m.dest)
                 q.retransmitted += 1
-                q.retransmitted_bytes += len(payload) + roce.FRAME_OVERHEAD - roce.BTH_LEN - roce.ICRC_LEN
+                q.retransmitted_bytes += wire
         q.last_progress = time.monotonic()
 
     def settle(self, deadline: float, rto: float) -> bool:
