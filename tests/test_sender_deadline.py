@@ -76,33 +76,46 @@ def test_a_qp_idle_past_its_timer_does_not_resend_a_new_message_at_once():
             s.close()
 
 
-def test_a_dcqcn_qp_resends_at_its_cut_rate_not_at_once():
-    """A NIC's rate limiter holds every packet of its QP: after a CNP cut, go-back-N's resends leave
-    at the QP's DCQCN rate, as its first sends do (they once left in one burst, whatever the rate)."""
+def paced_resend(deadline_after: float | None) -> tuple[float, object, float]:
+    """A 20-packet message on a QP cut to half its 80 Mbit/s line rate, NAKed from PSN 0 and resent
+    (the deadline `deadline_after` s into the resend, if given): (seconds the resend took, the QP,
+    its cut rate)."""
     from labctl.traffic.dcqcn import Params
     rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     rx.bind((DST, roce.ROCE_PORT))
-    line = 80e6                                     # the QP's line rate, bit/s
     tx = Sender(rank=0, mtu=MTU, sport_policy="per-qp", rng=random.Random(1), reliable=True, gso=False,
                 dcqcn=Params().scaled(4000))      # its timers: 0.22 s, far longer than the resend
     try:
         tx.send_message({"dst": 1, "qp": 0, "src_addr": SRC, "dst_addr": DST, "nbytes": 20 * MTU, "id": 9,
-                         "line_rate": line})
+                         "line_rate": 80e6})
         (lq, q), = tx.qps.items()
         tx.on_cnp(lq)                               # alpha 1: the rate halves
-        rate = q.rp.rc
-        assert rate == line / 2
-        line_floor = 19 * (MTU + roce.FRAME_OVERHEAD) * 8 / line
         tx.on_ack(lq, 0, roce.NAK_PSN_SEQ_ERR)
         t0 = time.monotonic()
+        if deadline_after is not None:
+            tx.deadline = t0 + deadline_after
         tx.go_back(q)
-        took = time.monotonic() - t0
-        assert q.retransmitted == 20
-        # 20 frames at the cut rate (the first leaves at once: its predecessor's end has passed)
-        floor = 19 * (MTU + roce.FRAME_OVERHEAD) * 8 / rate
-        assert floor * 0.9 < took < floor * 3 + 0.2, (took, floor)
-        assert took > 1.8 * line_floor                  # slower than the line: the cut rate held
+        return time.monotonic() - t0, q, q.rp.rc
     finally:
         rx.close()
         for s in tx.sockets.values():
             s.close()
+
+
+def test_a_paced_resend_cut_short_by_the_deadline_keeps_its_place():
+    """The deadline comes a quarter into the resend: the rest is left, and the next operation's
+    first pass resends from the first packet not yet sent again."""
+    full = 19 * (MTU + roce.FRAME_OVERHEAD) * 8 / 40e6
+    _, q, _ = paced_resend(full / 4)
+    assert 0 < q.retransmitted < 20 and q.resend_from == q.retransmitted, (q.retransmitted, q.resend_from)
+
+
+def test_a_dcqcn_qp_resends_at_its_cut_rate_not_at_once():
+    """A NIC's rate limiter holds every packet of its QP: after a CNP cut, go-back-N's resends leave
+    at the QP's DCQCN rate, as its first sends do (they once left in one burst, whatever the rate)."""
+    took, q, rate = paced_resend(None)
+    assert rate == 80e6 / 2 and q.retransmitted == 20
+    # 20 frames at the cut rate (the first leaves at once: its predecessor's end has passed), twice
+    # the line's time
+    floor = 19 * (MTU + roce.FRAME_OVERHEAD) * 8 / rate
+    assert floor * 0.9 < took < floor * 3 + 0.2, (took, floor)

@@ -253,12 +253,18 @@ class Sender:
                 if not psn_before(psn, q.sent_upto):
                     return  # the rest of this message has not been sent for the first time yet
                 wire = len(payload) + roce.FRAME_OVERHEAD - roce.BTH_LEN - roce.ICRC_LEN
-                if q.rp is not None:
-                    if time.monotonic() > self.deadline:
-                        with self.lock:
-                            if q.resend_from is None:
-                                q.resend_from = psn
-                        return
+                if q.rp is not None:    # a paced pass takes time: the receiver's word may change meanwhile
+                    with self.lock:
+                        if q.resend_from is not None:
+                            return      # a new NAK or time-out: the next pass starts where it asks
+                        if time.monotonic() > self.deadline:
+                            q.resend_from = psn
+                            return
+                        if not q.unacked:
+                            return
+                        acked = psn_before(psn, q.unacked[0].first)
+                    if acked:
+                        continue        # acknowledged since the pass began
                     self._pace(q, wire)
                 send(m.sock, payload, [], m.dest)
                 q.retransmitted += 1
