@@ -123,8 +123,10 @@ def test_link_and_wait_steps_reroute_and_restore(state_dir, lab_name, tmp_path, 
     assert lab_namespaces(lab_name) == []
 
 
-def test_capture_command_writes_pcapng_until_interrupted(built_lab, lab_name, state_dir, tmp_path):
-    """`labctl capture NODE:PORT -w FILE -- FILTER` as a user runs it: Ctrl-C ends it with a pcapng file."""
+@pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM"])
+def test_capture_command_writes_pcapng_until_interrupted(built_lab, lab_name, state_dir, tmp_path, stop):
+    """`labctl capture NODE:PORT -w FILE -- FILTER` as a user runs it: Ctrl-C (or a kill) ends it with
+    a pcapng file, and its dumpcap with it."""
     import signal
     import time
     require_root()
@@ -144,11 +146,13 @@ def test_capture_command_writes_pcapng_until_interrupted(built_lab, lab_name, st
         dst = plan.node("srv1-gpu0").interfaces[0].address.split("/")[0]
         ping(plan.node("srv2-gpu1").namespace, dst, count=3).wait(timeout=10)
         time.sleep(0.3)
-        p.send_signal(signal.SIGINT)
+        p.send_signal(getattr(signal, stop))
         try:
             p.wait(timeout=15)
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"labctl capture ignored Ctrl-C for 15 s; {_stuck(p.pid)}") from None
+            raise AssertionError(f"labctl capture ignored {stop} for 15 s; {_stuck(p.pid)}") from None
+        left = subprocess.run(["pgrep", "-af", str(out)], capture_output=True, text=True).stdout
+        assert left == "", f"still capturing after labctl capture ended: {left}"
     finally:
         if p.poll() is None:
             subprocess.run(["pkill", "-KILL", "-P", str(p.pid)], check=False)

@@ -66,31 +66,32 @@ def test_sigterm_unwinds_a_build_and_an_experiment_and_leaves_nothing(state_dir,
     require_root()
     env = {**os.environ, "LABCTL_STATE_DIR": str(state_dir), "LABCTL_EXPERIMENT_PREFIX": f"{lab_name}-x"}
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "labctl", "up", str(LEAF_SPINE), "--name", lab_name,
-                                 "--set", "servers=48", "--set", "gpus_per_server=4"],
-                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        said = tmp_path / "stderr"      # a file: a pipe nobody reads could block the unwinding
+        with open(said, "w") as err:
+            proc = subprocess.Popen([sys.executable, "-m", "labctl", "up", str(LEAF_SPINE), "--name", lab_name,
+                                     "--set", "servers=48", "--set", "gpus_per_server=4"],
+                                    env=env, stdout=subprocess.DEVNULL, stderr=err)
         journal = state_dir / lab_name / "journal"
         assert wait_for(lambda: journal.exists() and journal.read_text().count("\nnetns-id ") >= 20, timeout=30)
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=120) == 128 + signal.SIGTERM, proc.stderr.read()
+        assert proc.wait(timeout=120) == 128 + signal.SIGTERM, said.read_text()
         assert lab_namespaces(lab_name + "-") == []
         assert not (state_dir / lab_name).exists()
 
         exp = tmp_path / "slow.yml"
         exp.write_text(f"name: slow\ntopology: {LEAF_SPINE}\nset: [scale_up=false]\nsteps:\n"
                        "  - run: {name: ar, collective: all_reduce, sizes: [256MB]}\n")
-        proc = subprocess.Popen([sys.executable, "-m", "labctl", "run", str(exp), "--out", str(tmp_path / "out")],
-                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        for line in proc.stderr:
-            if "] run " in line:
-                break
+        with open(said, "w") as err:
+            proc = subprocess.Popen([sys.executable, "-m", "labctl", "run", str(exp), "--out", str(tmp_path / "out")],
+                                    env=env, stdout=subprocess.DEVNULL, stderr=err)
+        assert wait_for(lambda: "] run " in said.read_text(), timeout=60), said.read_text()
         lab = state_dir / f"{lab_name}-xslow"
         assert wait_for(lambda: (lab / "journal").exists() and (lab / "journal").read_text().count("\npid ") >= 9,
                         timeout=30)       # the controller and the eight agents (with their launcher)
         pids = [int(x.split()[1].split(":")[0]) for x in (lab / "journal").read_text().splitlines()
                 if x.startswith("pid ")]
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=120) == 128 + signal.SIGTERM
+        assert proc.wait(timeout=120) == 128 + signal.SIGTERM, said.read_text()
         assert lab_namespaces(f"{lab_name}-x") == [] and not lab.exists()
         assert [p for p in pids if Path(f"/proc/{p}").exists()] == []
     finally:

@@ -13,5 +13,11 @@ def main():
 
 
 def _stop(signum, frame) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)    # a second TERM must not cut the unwinding short
+    # a second TERM must not cut the unwinding short; not SIG_IGN, which the helpers started while
+    # unwinding would inherit through exec and then never stop on TERM
+    signal.signal(signal.SIGTERM, _unwinding)
     raise SystemExit(128 + signum)
+
+
+def _unwinding(signum, frame) -> None:
+    pass

@@ -199,8 +199,8 @@ def capture(target, bpf, out, snaplen, lab_name):
     signal.signal(signal.SIGINT, signal.default_int_handler)
     p = subprocess.Popen(command(ns, port, path, snaplen, " ".join(bpf)))
     try:
-        raise SystemExit(p.wait())
-    except KeyboardInterrupt:
+        code = p.wait()
+    except (KeyboardInterrupt, SystemExit) as stop:    # Ctrl-C, or SIGTERM (the CLI's handler)
         p.send_signal(signal.SIGINT)   # dumpcap flushes and closes the file on SIGINT (a kill would lose the tail)
         try:
             p.wait(timeout=10)
@@ -210,6 +210,10 @@ def capture(target, bpf, out, snaplen, lab_name):
             raise LabError(f"dumpcap did not stop within 10 s of Ctrl-C and was killed; {path} may lack "
                            f"its last frames", "capture again; if it recurs, run dumpcap by hand in the node: "
                            f"sudo ip netns exec {ns} dumpcap -i {port}") from None
+        if isinstance(stop, SystemExit):
+            raise
+    else:
+        raise SystemExit(code)
 
 
 @cli.command(name="lb")

@@ -96,7 +96,8 @@ def tc_set(targets, rate, class_name, ecn, kmin, kmax, pmax, pfc, xoff, xon, lab
 
     Thresholds and on/off switches go to the lab's controller, which applies them within 10 ms;
     `labctl tc show` shows what is in force. NODE alone changes every port of the node; several
-    targets are changed in turn, and every one is checked before any is changed.
+    targets are all checked, then changed in turn (a controller that stops answering part-way
+    leaves those before it changed: `tc show` says which).
 
     \b
     Example:
