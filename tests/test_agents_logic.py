@@ -148,13 +148,16 @@ def test_the_agent_behind_a_forking_wrapper_is_found_and_every_thread_is_schedul
                                             "threading.Thread(target=time.sleep, args=(30,)).start(); "
                                             "time.sleep(30)'; exit 0"])
     try:
+        python = os.path.realpath(sys.executable)
+
         def exec_done(pid: int) -> bool:     # labctl asks once the agent said ready: long past its exec
             try:
-                return b"python" in Path(f"/proc/{pid}/cmdline").read_bytes()
+                return os.readlink(f"/proc/{pid}/exe") == python
             except OSError:
                 return False
         deadline = time.monotonic() + 10
-        # a forked child's cmdline reads empty while it execs (ci53): wait for the exec, as labctl does
+        # sh forks, then the child execs Python: until then the child is a copy of sh (its cmdline
+        # even names python, in sh's own arguments), and during the exec its cmdline reads empty
         while not (procs.descendant(wrapper.pid) != wrapper.pid and exec_done(procs.descendant(wrapper.pid))) \
                 and time.monotonic() < deadline:
             time.sleep(0.01)

@@ -62,10 +62,10 @@ def test_lossless_incast_loses_nothing_and_pauses_agree_at_both_ends(built_lab, 
     try:
         doc = incast(plan, tmp_path)
         # the capture ends once leaf1 has sent its last pause: a resume can follow the incast's last
-        # byte by a poll (ci53 counted 126 where the capture, stopped 0.3 s after, had 124)
-        sent = [-1, pfc_counters(plan)[("leaf1", "spine1")]["pfc_tx"]]
-        while sent[-1] != sent[-2] and len(sent) < 20:
-            sent.append(pfc_counters(plan)[("leaf1", "spine1")]["pfc_tx"])
+        # byte by one poll of the controller, after a capture stopped at a fixed delay
+        settled = [-1, pfc_counters(plan)[("leaf1", "spine1")]["pfc_tx"]]
+        while settled[-1] != settled[-2] and len(settled) < 20:
+            settled.append(pfc_counters(plan)[("leaf1", "spine1")]["pfc_tx"])
     finally:
         cap.send_signal(signal.SIGINT)
         _, said = cap.communicate(timeout=10)     # tcpdump's own count, and any it dropped
@@ -93,7 +93,7 @@ def test_lossless_incast_loses_nothing_and_pauses_agree_at_both_ends(built_lab, 
     leaf1_mac = plan.node("leaf1").iface("spine1").mac
     from_leaf1 = [line for line in out if line.startswith(leaf1_mac)]
     assert from_leaf1 and all("Class Based Flow Control" in line for line in from_leaf1)
-    assert len(from_leaf1) == counters[("leaf1", "spine1")]["pfc_tx"], (sent, said)
+    assert len(from_leaf1) == counters[("leaf1", "spine1")]["pfc_tx"], (settled, said)
 
 
 def test_without_pfc_the_same_incast_drops_and_reliable_mode_retransmits(built_lab, tmp_path):
