@@ -25,6 +25,10 @@ UDP_SEGMENT = 103                          # linux/udp.h
 PACED_BATCH_MAX_S = 0.2
 
 
+# what a frame adds on the wire to the UDP payload a send carries (BTH and ICRC are in the payload)
+WIRE_EXTRA = roce.FRAME_OVERHEAD - roce.BTH_LEN - roce.ICRC_LEN
+
+
 def qpn(rank: int, peer: int, k: int) -> int:
     """QP number at `rank` for its k-th QP toward `peer` (≥ 2: QP0/QP1 are special)."""
     return 0x100000 | (rank & 0xFF) << 12 | (peer & 0x1FF) << 3 | (k & 7)
@@ -162,7 +166,7 @@ class Sender:
         refuses UDP GSO from a device without checksum offload (EIO, and nothing left)."""
         for psn, buf, seg, count in builder.gso_batches(q.psn, t["nbytes"], t["id"]):
             if q.rp is not None:
-                wire = len(buf) + count * (roce.FRAME_OVERHEAD - roce.BTH_LEN - roce.ICRC_LEN)
+                wire = len(buf) + count * WIRE_EXTRA
                 if count > 1 and wire * 8 / self._rate(q) > PACED_BATCH_MAX_S:
                     return psn     # the rest of this message one frame per send (a batch's IP IDs are its own)
                 self._pace(q, wire)
@@ -186,7 +190,7 @@ class Sender:
             if psn_before(psn, start):
                 continue
             if q.rp is not None:
-                self._pace(q, len(payload) + roce.FRAME_OVERHEAD - roce.BTH_LEN - roce.ICRC_LEN)
+                self._pace(q, len(payload) + WIRE_EXTRA)
             send(sock, payload, [], dest)
             q.packets += 1
             q.bytes += len(payload)
@@ -252,7 +256,7 @@ class Sender:
                     continue
                 if not psn_before(psn, q.sent_upto):
                     return  # the rest of this message has not been sent for the first time yet
-                wire = len(payload) + roce.FRAME_OVERHEAD - roce.BTH_LEN - roce.ICRC_LEN
+                wire = len(payload) + WIRE_EXTRA
                 if q.rp is not None:    # a paced pass takes time: the receiver's word may change meanwhile
                     with self.lock:
                         if q.resend_from is not None:
