@@ -220,3 +220,21 @@ def test_a_late_last_packet_after_a_gap_too_long_to_track_leaves_both_messages_s
     _deliver(rx, a[:1] + a[n - 2:n - 1] + b[:1] + a[n - 1:] + b[1:])   # a[1..n-3] lost, a's end late
     assert rx.arrived[1][2] is False and rx.arrived[2][2] is False
     assert rx.arrived[1][1] >= 0 and rx.arrived[2][1] >= 0
+
+
+def test_a_psn_lost_long_ago_does_not_make_a_message_short_once_the_psns_wrap():
+    """PSNs are 24 bits. A PSN lost for good stays missing; after 2^24 more PSNs a new message
+    spans that number again and arrives whole. Jumps just under half the PSN space (gaps the
+    receiver counts without tracking them) bring the QP round in a few packets."""
+    rx = Receiver(1, {}, NoSender(), None, reliable=False)
+    lost = _packets(4 * MTU, imm=1)
+    _deliver(rx, lost[:2] + lost[3:])                               # PSN 2 lost for good
+    half = 1 << 23
+    _deliver(rx, _packets(4 * MTU, imm=2, psn=half - 100))
+    _deliver(rx, _packets(196 * MTU, imm=3, psn=2 * half - 200))   # ends at PSN 2^24-5
+    wrap = _packets(8 * MTU, imm=4, psn=roce.PSN_MASK - 3)          # PSNs 2^24-4 .. 3: round again
+    _deliver(rx, wrap)
+    (q,) = rx.qps.values()
+    assert rx.arrived[1][1:] == (3 * MTU, False)
+    assert rx.arrived[4][1:] == (8 * MTU, True)                     # spans PSN 2 of the first round
+    assert 2 not in q.missing and q.gaps >= 1

@@ -34,6 +34,9 @@ from labctl.traffic import roce
 from labctl.traffic.sender import Sender, qpn, qpn_fields
 
 MAX_TRACKED_GAP = 4096  # PSNs remembered per gap to recognise reordering
+# how far the expected PSN moves between two cuts of the PSNs still missing: a quarter of the
+# 2^24 PSN space, so that none is kept long enough to wrap into a new message (_forget_wrapped)
+PRUNE_EVERY = 1 << 22
 OOO_WINDOW = 1024       # tolerate: PSNs ahead of the expected one a receiver places (its bitmap)
 
 
@@ -61,6 +64,7 @@ class QpRx:
     ahead: set = field(default_factory=set)    # reliable mode: PSNs seen ahead of the expected one
     held: dict = field(default_factory=dict)   # tolerate: psn -> (opcode, immediate, size), placed early
     missing: set = field(default_factory=set)
+    pruned_at: int = 0     # expected_psn when `missing` was last cut to the half-space behind it
     unfinished: list = field(default_factory=list)  # [first psn, last psn, transfer id, PSNs missing]
 
     PUBLIC = ("packets", "bytes", "gaps", "late", "reordered", "dropped", "early", "ce", "cnp_sent", "naks_sent",
@@ -169,6 +173,8 @@ class Receiver:
         else:
             q.messages += 1
             self._ack(src_ip, dqpn, psn, q.messages)
+            if q.missing and (q.expected_psn - q.pruned_at) & roce.PSN_MASK >= PRUNE_EVERY:
+                _forget_wrapped(q)
             first, q.msg_first = q.msg_first, (psn + 1) & roce.PSN_MASK
             got, untracked, q.msg_bytes, q.untracked = q.msg_bytes, q.untracked, 0, 0
             if immediate is not None:
@@ -291,6 +297,14 @@ def _payload(data: memoryview, opcode: int, pad: int) -> tuple[int | None, int]:
 
 def _within(psn: int, first: int, last: int) -> bool:
     return (psn - first) & roce.PSN_MASK <= (last - first) & roce.PSN_MASK
+
+
+def _forget_wrapped(q: QpRx) -> None:
+    """PSNs lost half the PSN space ago or more can no longer come late (a packet that far behind
+    counts as ahead), and once the PSNs wrap they would fall inside a new message's span and call it
+    short: they are forgotten. They stay counted in `gaps`."""
+    q.missing = {p for p in q.missing if (q.expected_psn - p) & roce.PSN_MASK < 1 << 23}
+    q.pruned_at = q.expected_psn
 
 
 def _missing_in(missing: set, first: int, last: int) -> int:
