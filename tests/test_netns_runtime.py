@@ -127,10 +127,16 @@ def test_tc_set_turns_pfc_off_and_on_at_runtime_and_the_queue_series_shows_it(bu
         return gaps, {c: sum(float(last[k][c]) - float(first[k][c]) for k in roce)
                       for c in ("drops", "ecn_marked", "pfc_tx", "pfc_rx")}
 
+    from labctl import state
+    from labctl.dataplane import control
+    lab_path = state.lab_dir(lab_name).path
     for tag, setting in (("on", None), ("off", "off"), ("again", "on")):
         if setting:                     # every switch in one command, as a user turns a fabric's PFC off
+            generation = control.load(lab_path)["generation"]
             r = labctl_cli(state_dir, "tc", "set", *switches, "--pfc", setting, "--lab", lab_name)
             assert r.returncode == 0, r.stdout + r.stderr
+            # the switches' settings reach the controller as one change, taken whole
+            assert control.load(lab_path)["generation"] == generation + 1
             assert sorted(re.findall(r"applied pfc=\w+ to \d+ port class\(es\) on (\S+)", r.stdout)) == sorted(switches)
         (tmp_path / tag).mkdir()
         gaps, series = run(tag)

@@ -95,9 +95,9 @@ def tc_set(targets, rate, class_name, ecn, kmin, kmax, pmax, pfc, xoff, xon, lab
     """Change a port's rate, ECN thresholds or PFC while the lab runs.
 
     Thresholds and on/off switches go to the lab's controller, which applies them within 10 ms;
-    `labctl tc show` shows what is in force. NODE alone changes every port of the node; several
-    targets are all checked, then changed in turn (a controller that stops answering part-way
-    leaves those before it changed: `tc show` says which).
+    `labctl tc show` shows what is in force. NODE alone changes every port of the node. Several
+    targets are all checked before any is changed, and their settings reach the controller as one
+    change, taken whole.
 
     \b
     Example:
@@ -109,11 +109,9 @@ def tc_set(targets, rate, class_name, ecn, kmin, kmax, pmax, pfc, xoff, xon, lab
     from labctl import lifecycle as labmod
     resolved = [_target(t, lab_name, need_iface=rate is not None) for t in targets]
     settings = {"ecn": ecn, "kmin": kmin, "kmax": kmax, "pmax": pmax, "pfc": pfc, "xoff": xoff, "xon": xon}
-    for lab, plan, node, iface in resolved:
-        labmod.tc_check(lab, plan, node, iface, class_name, rate, **settings)
     given = {k: v for k, v in settings.items() if v is not None}
-    for lab, plan, node, iface in resolved:
-        bps, count = labmod.tc_set(lab, plan, node, iface, class_name, rate, **settings)
+    done = labmod.tc_set_many(resolved, class_name, rate, **settings)
+    for (lab, plan, node, iface), (bps, count) in zip(resolved, done):
         if bps is not None:
             out.print(f"{node.name}:{iface} now shaped to {format_rate(bps)} "
                       f"({format_rate(bps * plan.dilation)} on the real fabric)", highlight=False)

@@ -168,13 +168,19 @@ ECN_KEYS, PFC_KEYS = {"ecn", "kmin", "kmax", "pmax"}, {"pfc", "xoff", "xon"}
 def apply(lab_path: Path, plan, node, iface: str | None, class_name: str | None, changes: dict) -> int:
     """Send `changes` for the classes of node[:iface] they apply to; returns how many port classes
     changed once the controller confirmed them."""
-    from labctl.errors import LabError
     picked = pick(lab_path, plan, node, iface, class_name, changes)
+    send(lab_path, picked)
+    return len(picked)
+
+
+def send(lab_path: Path, picked: dict[str, dict]) -> None:
+    """Picked port classes' changes (`pick`), several targets' together, as one generation: the
+    controller takes all of them or, if it does not answer, none yet."""
+    from labctl.errors import LabError
     generation = merge(lab_path, picked)
     if not wait_applied(lab_path, generation):
         raise LabError("the lab's controller did not confirm the change within 2 s",
                        "is the lab up? `labctl status` shows the controller; `labctl down` and `up` restart it")
-    return len(picked)
 
 
 def pick(lab_path: Path, plan, node, iface: str | None, class_name: str | None, changes: dict) -> dict:

@@ -122,9 +122,25 @@ def tc_set(lab: state.LabDir, plan: LabPlan, node: Node, iface: str | None, clas
            rate: str | None = None, **settings) -> tuple[int | None, int]:
     """A port's rate (at once, in the kernel) and ECN/PFC settings (through the controller, confirmed).
     Returns (the new rate or None, how many port classes took the settings)."""
+    return tc_set_many([(lab, plan, node, iface)], class_name, rate, **settings)[0]
+
+
+def tc_set_many(targets: list[tuple[state.LabDir, LabPlan, Node, str | None]], class_name: str | None = None,
+                rate: str | None = None, **settings) -> list[tuple[int | None, int]]:
+    """`tc_set` on several (lab, plan, node, port) targets: every one checked before any is changed,
+    and each lab's controller given all of its targets' settings as one change, which it takes
+    whole. Returns (the new rate or None, port classes changed) per target."""
     from labctl.dataplane import control
-    bps, changes = tc_check(lab, plan, node, iface, class_name, rate, **settings)
-    if bps is not None:
-        set_rate(lab, plan, node, iface, bps)
-    count = control.apply(lab.path, plan, node, iface, class_name, changes) if changes else 0
-    return bps, count
+    checked = [tc_check(lab, plan, node, iface, class_name, rate, **settings) for lab, plan, node, iface in targets]
+    picks = [control.pick(lab.path, plan, node, iface, class_name, changes) if changes else {}
+             for (lab, plan, node, iface), (_, changes) in zip(targets, checked)]
+    for (lab, plan, node, iface), (bps, _) in zip(targets, checked):
+        if bps is not None:
+            set_rate(lab, plan, node, iface, bps)
+    per_lab: dict = {}
+    for (lab, _, _, _), picked in zip(targets, picks):
+        per_lab.setdefault(lab.path, {}).update(picked)
+    for lab_path, picked in per_lab.items():
+        if picked:
+            control.send(lab_path, picked)
+    return [(bps, len(picked)) for (bps, _), picked in zip(checked, picks)]
