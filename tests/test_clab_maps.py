@@ -34,7 +34,7 @@ def test_what_is_mapped_or_ignored_is_noted_in_the_rendered_file():
     for note in ("node 'R1' is 'r1' here", "image quay.io/frrouting/frr:10.5.1 runs as labctl/frr",
                  "image ghcr.io/hellt/network-multitool runs as labctl/host", "PC1: labels kept as notes, not read: role",
                  "PC2.env-files: ignored", "FRR started by an exec line"):
-        assert f"# note: " in text and note in text, note
+        assert "# note: " in text and note in text, note
 
 
 def test_an_explicit_image_map_wins_and_an_identity_map_keeps_the_image():

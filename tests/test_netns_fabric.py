@@ -72,7 +72,7 @@ def test_a_72_rank_all_reduce_inside_an_nvl72_rack_puts_nothing_on_scale_out(tmp
 @pytest.mark.parametrize("algorithm", ["ring", "tree"])
 def test_ring_and_tree_send_their_formulas_bytes_measured_on_the_ports(lab, tmp_path, algorithm):
     """Every GPU's NIC counters (NVLink and backend ports) against the algorithm's bytes per rank."""
-    from labctl.traffic import algorithms, fabricmap
+    from labctl.traffic import algorithms
     from labctl.traffic.pool import gpu_ranks
     from labctl.kernel import nsutil, rtnl
     plan, _ = lab

@@ -77,7 +77,7 @@ def assign(nodes: dict, topo, dilation: float, smap) -> None:
         text, key = mode_for(node, topo, nodes)
         mode, gap = parse(text)
         if mode == "ecmp-qp" and not l4:
-            raise InputError(smap.where(key), f"ecmp-qp hashes the 5-tuple and the QP, but routing.hash_policy "
+            raise InputError(smap.where(key), "ecmp-qp hashes the 5-tuple and the QP, but routing.hash_policy "
                              "is 0 (addresses only)", "set routing.hash_policy: 1, or use ecmp")
         members, weights = group(node)
         if mode == "adaptive" and not node.static_routes:

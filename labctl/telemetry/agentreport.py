@@ -17,7 +17,7 @@ import os
 import stat
 from pathlib import Path
 
-from labctl.state import AGENTS as DIRECTORY
+from labctl.state import AGENTS as DIRECTORY  # noqa: F401  (callers name the agents' directory by this module)
 from labctl.state import agent_directory, agent_nodes  # noqa: F401 (agent_nodes: for readers)
 
 FILE = "pfc.json"

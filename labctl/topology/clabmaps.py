@@ -71,7 +71,7 @@ def parse(kind_map=(), image_map=()) -> ImportMaps:
         src, sep, to = str(item).partition("=")
         if not sep or not _KIND.fullmatch(src) or to not in KIND_TARGETS:
             raise InputError(Where("--kind-map", key=str(item)), f"{item!r} is not KIND=TARGET with a target "
-                             f"labctl runs", f"write e.g. --kind-map nokia_srlinux=frr; targets: "
+                             "labctl runs", "write e.g. --kind-map nokia_srlinux=frr; targets: "
                              + "; ".join(f"{k}: {v}" for k, v in KIND_TARGETS.items()))
         kinds[src] = to
     for item in image_map:

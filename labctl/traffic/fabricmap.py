@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections import deque
 from functools import lru_cache
 
-from labctl.kinds import fabric_kind
 from labctl.plan.model import LabPlan, Link, Node
 from labctl.plan.routing import routing_domains
 from labctl.traffic import roce
