@@ -2,8 +2,8 @@
 # Run the whole test suite as root: installs what is missing first (./install.sh is idempotent).
 # Tests that build labs use their own state directory and lab names starting with "lt".
 #   ./test.sh [PYTEST ARGS]   the suite on this machine's kernel (LABCTL_TEST_WORKERS=1: one worker)
-#   LABCTL_TEST_PART=parallel|solo ./test.sh   one of its two parts (below); .ci/run boots the VM tier
-#                             beside the parallel part and runs the solo part after both
+#   LABCTL_TEST_PART=parallel|solo ./test.sh   one of its two parts (below); .ci/run runs the parallel
+#                             part, then the solo part with the VM smoke tier beside it at idle priority
 #   ./test.sh --vm [--smoke]  the VM tier: labctl in a Vagrant VM on Debian's stock kernel (vm/test-vm.sh)
 #   LABCTL_FORWARDING=slow ./test.sh   the suite with every router on the IP stack (the slow path);
 #                             tests/test_netns_fastpath.py holds the two paths to one another in every run
