@@ -233,8 +233,21 @@ def test_a_psn_lost_long_ago_does_not_make_a_message_short_once_the_psns_wrap():
     _deliver(rx, _packets(4 * MTU, imm=2, psn=half - 100))
     _deliver(rx, _packets(196 * MTU, imm=3, psn=2 * half - 200))   # ends at PSN 2^24-5
     wrap = _packets(8 * MTU, imm=4, psn=roce.PSN_MASK - 3)          # PSNs 2^24-4 .. 3: round again
-    _deliver(rx, wrap)
+    _deliver(rx, wrap[:5] + wrap[6:] + wrap[5:6])                   # its PSN 1 after PSNs 2 and 3
     (q,) = rx.qps.values()
-    assert rx.arrived[1][1:] == (3 * MTU, False)
+    assert rx.arrived[1][1:] == (3 * MTU, False)                    # the first round's loss stays a loss
     assert rx.arrived[4][1:] == (8 * MTU, True)                     # spans PSN 2 of the first round
-    assert 2 not in q.missing and q.gaps >= 1
+    assert 2 not in q.missing and q.gaps >= 1 and q.reordered == 1
+
+
+def test_a_psn_exactly_half_the_space_behind_can_still_fill_its_gap():
+    """The receiver takes a PSN up to half the PSN space behind the expected one as late, so the
+    PSNs still missing are kept that far back."""
+    rx = Receiver(1, {}, NoSender(), None, reliable=False)
+    first = _packets(4 * MTU, imm=1)
+    _deliver(rx, first[:2] + first[3:])                             # PSN 2 late, not lost
+    _deliver(rx, _packets(4 * MTU, imm=2, psn=(1 << 23) - 2))      # the expected PSN is now 2 + 2^23
+    _deliver(rx, first[2:3])
+    (q,) = rx.qps.values()
+    assert rx.arrived[1][1:] == (4 * MTU, True)
+    assert (q.late, q.reordered) == (0, 1)

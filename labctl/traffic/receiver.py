@@ -300,10 +300,14 @@ def _within(psn: int, first: int, last: int) -> bool:
 
 
 def _forget_wrapped(q: QpRx) -> None:
-    """PSNs lost half the PSN space ago or more can no longer come late (a packet that far behind
+    """PSNs lost more than half the PSN space ago can no longer come late (a packet that far behind
     counts as ahead), and once the PSNs wrap they would fall inside a new message's span and call it
-    short: they are forgotten. They stay counted in `gaps`."""
-    q.missing = {p for p in q.missing if (q.expected_psn - p) & roce.PSN_MASK < 1 << 23}
+    short: they are forgotten, and so are the short messages that ended that far back (a late
+    packet of the new round would otherwise fill one of them). They stay counted in `gaps`."""
+    def behind(psn: int) -> bool:
+        return (q.expected_psn - psn) & roce.PSN_MASK <= 1 << 23
+    q.missing = {p for p in q.missing if behind(p)}
+    q.unfinished = [e for e in q.unfinished if behind(e[1])]
     q.pruned_at = q.expected_psn
 
 
