@@ -50,11 +50,6 @@ SOLO = ("test_netns_lossless", "test_netns_pfc", "test_netns_dcqcn", "test_netns
         "test_netns_cluster")   # three engines of its own, and the default one the "docker" group stops
 # the longest groups start first, so neither worker is left with a long one at the end
 LONGEST_FIRST = ("mininet", "docker", "test_netns_lossless")
-# The solo part keeps its collection order but runs the bundled experiments last: in CI the VM
-# smoke tier runs beside the solo part's first five or six minutes at idle priority, and the
-# experiments are the tests whose answers depend most on the CPU keeping up (a burst that must form
-# at line rate, agents at the edge of two cores' packet rate).
-SOLO_LAST = ("test_netns_experiments",)
 
 
 def worker_group(nodeid: str) -> str:
@@ -135,8 +130,7 @@ def pytest_collection_modifyitems(config, items):
         if Path(item.nodeid.split("::")[0]).stem in SOLO and "untimed" not in item.keywords:
             item.add_marker(pytest.mark.solo)
     rank = {g: i for i, g in enumerate(LONGEST_FIRST)}
-    rank.update({g: len(LONGEST_FIRST) + 1 for g in SOLO_LAST})
-    items.sort(key=lambda item: rank.get(worker_group(item.nodeid), len(LONGEST_FIRST)))
+    items.sort(key=lambda item: rank.get(worker_group(item.nodeid), len(rank)))
     skip_without_root(items)
 
 
