@@ -129,18 +129,19 @@ def tc_set_many(targets: list[tuple[state.LabDir, LabPlan, Node, str | None]], c
                 rate: str | None = None, **settings) -> list[tuple[int | None, int]]:
     """`tc_set` on several (lab, plan, node, port) targets: every one checked before any is changed,
     and each lab's controller given all of its targets' settings as one change, which it takes
-    whole. Returns (the new rate or None, port classes changed) per target."""
+    whole. The rates change once the controllers confirmed: one that does not answer leaves every
+    port's rate as it was. Returns (the new rate or None, port classes changed) per target."""
     from labctl.dataplane import control
     checked = [tc_check(lab, plan, node, iface, class_name, rate, **settings) for lab, plan, node, iface in targets]
     picks = [control.pick(lab.path, plan, node, iface, class_name, changes) if changes else {}
              for (lab, plan, node, iface), (_, changes) in zip(targets, checked)]
-    for (lab, plan, node, iface), (bps, _) in zip(targets, checked):
-        if bps is not None:
-            set_rate(lab, plan, node, iface, bps)
     per_lab: dict = {}
     for (lab, _, _, _), picked in zip(targets, picks):
         per_lab.setdefault(lab.path, {}).update(picked)
     for lab_path, picked in per_lab.items():
         if picked:
             control.send(lab_path, picked)
+    for (lab, plan, node, iface), (bps, _) in zip(targets, checked):
+        if bps is not None:
+            set_rate(lab, plan, node, iface, bps)
     return [(bps, len(picked)) for (bps, _), picked in zip(checked, picks)]
