@@ -3,7 +3,7 @@
 # Tests that build labs use their own state directory and lab names starting with "lt".
 #   ./test.sh [PYTEST ARGS]   the suite on this machine's kernel (LABCTL_TEST_WORKERS=1: one worker)
 #   LABCTL_TEST_PART=parallel|solo ./test.sh   one of its two parts (below); .ci/run runs the parallel
-#                             part, then the solo part with the VM smoke tier beside it at idle priority
+#                             part, then the solo part with the VM smoke tier beside it in an idle CPU cgroup
 #   ./test.sh --vm [--smoke]  the VM tier: labctl in a Vagrant VM on Debian's stock kernel (vm/test-vm.sh)
 #   LABCTL_FORWARDING=slow ./test.sh   the suite with every router on the IP stack (the slow path);
 #                             tests/test_netns_fastpath.py holds the two paths to one another in every run

@@ -66,7 +66,7 @@ def test_the_api_builds_uses_and_always_removes_a_lab(state_dir, lab_name, tmp_p
 @pytest.mark.netns
 # allreduce_sweep.py compares two draws' times against their bounds: beside the first part's other
 # worker and the VM tier the spread draw itself ran at 1.72x its bound (CI, 2026-12-07), so it is timed
-# with the machine to itself, as pfc_compare.py's loss is
+# in the second part, as pfc_compare.py's loss is (beside nothing but CI's VM smoke in an idle cgroup)
 @pytest.mark.parametrize("script, args", [("ping_check.py", []),
                                           pytest.param("allreduce_sweep.py", ["--seeds", "1,4", "--size", "2MB"],
                                                        marks=pytest.mark.solo),
