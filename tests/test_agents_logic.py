@@ -221,3 +221,21 @@ def test_links_a_container_plants_in_its_agent_directory_are_never_followed(tmp_
     with pytest.raises(OSError):
         helpers.launch_argv(lab, ["true"], "agents/leaf1/agent")
     assert target.read_text() == "root's file"
+
+
+def test_a_port_s_rate_reaches_its_lossless_classes_through_the_control_file(plan, tmp_path):
+    """`tc set --rate` tells the controller a port's new rate: a pause's quanta last 512 bit times
+    at it (pfc.pause_seconds), and the class's gate opens above it. Until then, the plan's rate."""
+    from labctl.dataplane import pfc
+    node = plan.node("leaf1")
+    iface = node.interfaces[0]
+    cls = next(c for c in iface.shaping.classes if c.lossless)
+    assert control.settings_for(plan, node, iface, cls, {}).rate == iface.shaping.rate_bps
+    k = control.key(node.name, iface.name, cls.tc)
+    control.merge(tmp_path, {k: {"rate": iface.shaping.rate_bps // 2}})
+    overrides = control.load(tmp_path, strict=True)["ports"]
+    halved = control.settings_for(plan, node, iface, cls, overrides)
+    assert halved.rate == iface.shaping.rate_bps // 2 and halved.xoff == cls.xoff_bytes
+    assert pfc.pause_seconds(0xFFFF, halved.rate) == pytest.approx(2 * pfc.pause_seconds(0xFFFF, iface.shaping.rate_bps))
+    with pytest.raises(ValueError, match=r"rate = -1 is not a valid int bit/s"):
+        control.check_value(k, "rate", -1)

@@ -152,7 +152,7 @@ def test_tc_set_turns_pfc_off_and_on_at_runtime_and_the_queue_series_shows_it(bu
 
 def test_tc_set_ecn_thresholds_change_the_marking_and_bad_values_are_refused(built_lab, lab_name, state_dir):
     require_root()
-    built_lab(LEAF_SPINE)
+    plan = built_lab(LEAF_SPINE)
     r = labctl_cli(state_dir, "tc", "set", "leaf1:srv1-gpu0", "--kmin", "100KB", "--kmax", "50KB", "--lab", lab_name)
     assert r.returncode != 0 and "kmin 100000 is above kmax 50000" in r.stderr, r.stderr
     r = labctl_cli(state_dir, "tc", "set", "srv1-gpu0", "--kmin", "1KB", "--lab", lab_name)
@@ -168,6 +168,16 @@ def test_tc_set_ecn_thresholds_change_the_marking_and_bad_values_are_refused(bui
     shown = json.loads(labctl_cli(state_dir, "tc", "show", "leaf1:srv1-gpu0", "--json", "--lab", lab_name).stdout)
     roce = next(q for q in shown["queues"] if q["class"] == "roce")
     assert (roce["kmin"], roce["kmax"], roce["pmax"]) == (100_000, 400_000, 0.5)
+    # a port's new rate reaches the controller for its lossless classes, which it confirms
+    from labctl.dataplane import control
+    port = plan.node("leaf1").iface("spine1")
+    lossless = [c.tc for c in port.shaping.classes if c.lossless]
+    for rate, bps in (("50M", 50_000_000), (f"{port.shaping.rate_bps}bit", port.shaping.rate_bps)):
+        r = labctl_cli(state_dir, "tc", "set", "leaf1:spine1", "--rate", rate, "--lab", lab_name)
+        assert r.returncode == 0, r.stderr
+        ports = control.load(state.lab_dir(lab_name).path)["ports"]
+        assert lossless and {k: v["rate"] for k, v in ports.items() if "rate" in v} == \
+            {f"leaf1:spine1:{tc}": bps for tc in lossless}
 
 
 def test_pingall_samples_pairs_and_says_it_sampled(built_lab, lab_name, state_dir):

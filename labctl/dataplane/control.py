@@ -23,7 +23,9 @@ from pathlib import Path
 from labctl.telemetry import agentreport
 
 FILE = "control.json"
-SETTINGS = {"ecn": bool, "pfc": bool, "kmin": int, "kmax": int, "pmax": float, "xoff": int, "xon": int}
+# `rate` is a port's rate in bit/s, not a user's setting: `tc set --rate` sends it to each lossless
+# class of the port, whose pause quanta last 512 bit times at it and whose gate opens above it
+SETTINGS = {"ecn": bool, "pfc": bool, "kmin": int, "kmax": int, "pmax": float, "xoff": int, "xon": int, "rate": int}
 
 
 def key(node: str, port: str, tc: int) -> str:
@@ -76,8 +78,8 @@ def check_value(where: str, name: str, value) -> None:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
             and 0 <= value <= 1
     if not ok:
-        raise ValueError(f"{where}: {name} = {value!r} is not a valid {kind.__name__}"
-                         + (" from 0 to 1" if kind is float else " of bytes" if kind is int else ""))
+        unit = " from 0 to 1" if kind is float else (" bit/s" if name == "rate" else " of bytes") if kind is int else ""
+        raise ValueError(f"{where}: {name} = {value!r} is not a valid {kind.__name__}{unit}")
 
 
 @contextlib.contextmanager
@@ -126,6 +128,7 @@ class PortSettings:
     pmax: float
     xoff: int
     xon: int
+    rate: int       # the port's rate (bit/s): the plan's until `tc set --rate` changes it
 
     def validate(self, where: str) -> None:
         if not 0 <= self.pmax <= 1:
@@ -140,7 +143,7 @@ def settings_for(plan, node, iface, cls, overrides: dict) -> PortSettings:
     e = plan.ecn
     s = PortSettings(ecn=cls.ecn and node.switching, pfc=cls.lossless, kmin=cls.kmin_bytes or e.kmin,
                      kmax=cls.kmax_bytes or e.kmax, pmax=e.pmax,
-                     xoff=cls.xoff_bytes, xon=cls.xon_bytes)
+                     xoff=cls.xoff_bytes, xon=cls.xon_bytes, rate=iface.shaping.rate_bps)
     for name, value in overrides.get(key(node.name, iface.name, cls.tc), {}).items():
         setattr(s, name, SETTINGS[name](value))
     return s

@@ -76,7 +76,7 @@ class Port:
             if not self.settings.pfc:
                 self.state.rx_frames += 1   # counted, not obeyed: PFC is off for this class here
                 continue
-            action = self.state.on_frame(classes[self.cls.tc], now, self.iface.shaping.rate_bps)
+            action = self.state.on_frame(classes[self.cls.tc], now, self.settings.rate)
             if action == "pause":
                 self._set(paused=True)
             elif action == "resume":
@@ -100,8 +100,9 @@ class Port:
         s = self.iface.shaping
         if paused:
             rate, burst = 8, s.quantum
-        else:
-            rate, burst = qos.lossless_tbf_rate(s.rate_bps), qos.lossless_tbf_burst(s.rate_bps, s.quantum)
+        else:   # the port's rate in force: `tc set --rate` may have changed it since `up`
+            port_bps = self.settings.rate
+            rate, burst = qos.lossless_tbf_rate(port_bps), qos.lossless_tbf_burst(port_bps, s.quantum)
         kind, _, body = rtnl.tbf(self.iface.index, qos.leaf_handle(self.cls.tc), qos.class_handle(self.cls.tc),
                                  rate, burst, self.cls.buffer_bytes)
         b = rtnl.Batch(self.nl)

@@ -136,8 +136,13 @@ def tc_set_many(targets: list[tuple[state.LabDir, LabPlan, Node, str | None]], c
     picks = [control.pick(lab.path, plan, node, iface, class_name, changes) if changes else {}
              for (lab, plan, node, iface), (_, changes) in zip(targets, checked)]
     per_lab: dict = {}
-    for (lab, _, _, _), picked in zip(targets, picks):
-        per_lab.setdefault(lab.path, {}).update(picked)
+    for (lab, _, node, iface), picked, (bps, _) in zip(targets, picks, checked):
+        mine = per_lab.setdefault(lab.path, {})
+        for k, v in picked.items():
+            mine.setdefault(k, {}).update(v)
+        for c in node.iface(iface).shaping.classes if bps is not None else ():
+            if c.lossless:   # the controller times the class's pauses, and opens its gate, at the port's rate
+                mine.setdefault(control.key(node.name, iface, c.tc), {})["rate"] = bps
     for lab_path, picked in per_lab.items():
         if picked:
             control.send(lab_path, picked)
