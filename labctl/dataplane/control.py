@@ -168,14 +168,6 @@ def wait_applied(lab_path: Path, generation: int, timeout: float = 2.0) -> bool:
 ECN_KEYS, PFC_KEYS = {"ecn", "kmin", "kmax", "pmax"}, {"pfc", "xoff", "xon"}
 
 
-def apply(lab_path: Path, plan, node, iface: str | None, class_name: str | None, changes: dict) -> int:
-    """Send `changes` for the classes of node[:iface] they apply to; returns how many port classes
-    changed once the controller confirmed them."""
-    picked = pick(lab_path, plan, node, iface, class_name, changes)
-    send(lab_path, picked)
-    return len(picked)
-
-
 def send(lab_path: Path, picked: dict[str, dict]) -> None:
     """Picked port classes' changes (`pick`), several targets' together, as one generation: the
     controller takes all of them or, if it does not answer, none yet."""

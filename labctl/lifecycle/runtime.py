@@ -97,7 +97,7 @@ def settings_from_text(values: dict) -> dict:
 def tc_check(lab: state.LabDir, plan: LabPlan, node: Node, iface: str | None, class_name: str | None = None,
              rate: str | None = None, **settings) -> tuple[int | None, dict]:
     """What `tc_set` would change, checked, with nothing changed: (the new rate or None, the
-    controller's settings)."""
+    controller's settings for each port class they apply to, as control.pick gives them)."""
     from labctl.dataplane import control
     changes = settings_from_text(settings)
     if rate is None and not changes:
@@ -113,9 +113,7 @@ def tc_check(lab: state.LabDir, plan: LabPlan, node: Node, iface: str | None, cl
         if bps < qos.MIN_CLASS_BPS:
             raise LabError(f"--rate {rate}: a port is shaped to {qos.MIN_CLASS_BPS // 1000} kbit/s at least",
                            "give 8K or more (to stop a port, `labctl link down NODE:PORT`)")
-    if changes:
-        control.pick(lab.path, plan, node, iface, class_name, changes)
-    return bps, changes
+    return bps, control.pick(lab.path, plan, node, iface, class_name, changes) if changes else {}
 
 
 def tc_set(lab: state.LabDir, plan: LabPlan, node: Node, iface: str | None, class_name: str | None = None,
@@ -133,10 +131,8 @@ def tc_set_many(targets: list[tuple[state.LabDir, LabPlan, Node, str | None]], c
     port's rate as it was. Returns (the new rate or None, port classes changed) per target."""
     from labctl.dataplane import control
     checked = [tc_check(lab, plan, node, iface, class_name, rate, **settings) for lab, plan, node, iface in targets]
-    picks = [control.pick(lab.path, plan, node, iface, class_name, changes) if changes else {}
-             for (lab, plan, node, iface), (_, changes) in zip(targets, checked)]
     per_lab: dict = {}
-    for (lab, _, node, iface), picked, (bps, _) in zip(targets, picks, checked):
+    for (lab, _, node, iface), (bps, picked) in zip(targets, checked):
         mine = per_lab.setdefault(lab.path, {})
         for k, v in picked.items():
             mine.setdefault(k, {}).update(v)
@@ -149,4 +145,4 @@ def tc_set_many(targets: list[tuple[state.LabDir, LabPlan, Node, str | None]], c
     for (lab, plan, node, iface), (bps, _) in zip(targets, checked):
         if bps is not None:
             set_rate(lab, plan, node, iface, bps)
-    return [(bps, len(picked)) for (bps, _), picked in zip(checked, picks)]
+    return [(bps, len(picked)) for bps, picked in checked]
