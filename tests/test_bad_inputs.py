@@ -10,16 +10,20 @@ from click.testing import CliRunner
 from labctl.cli import cli
 from labctl.errors import InputError
 from labctl.plan.compile import compile_plan
+from labctl.topology.clabmaps import parse
 from labctl.topology.load import load_topology
 
 BAD = sorted((Path(__file__).parent / "bad").glob("*.yml"))
 
 
-def expectations(path: Path) -> tuple[int, str]:
-    head = path.read_bytes().decode(errors="replace").splitlines()[:2]   # one file is not UTF-8 on purpose
+def expectations(path: Path) -> tuple[int, str, list[str]]:
+    """The line and text the error must give, and the kind maps the file is read with (a third
+    header line `# kind-map: KIND=TARGET ...`, for rules that apply to mapped kinds only)."""
+    head = path.read_bytes().decode(errors="replace").splitlines()[:3]   # one file is not UTF-8 on purpose
     line = int(re.match(r"# expect-line: (\d+)", head[0]).group(1))
     text = re.match(r"# expect: (.*)", head[1]).group(1)
-    return line, text
+    kinds = re.match(r"# kind-map: (.*)", head[2])
+    return line, text, kinds.group(1).split() if kinds else []
 
 
 def test_corpus_is_large_enough():
@@ -28,9 +32,9 @@ def test_corpus_is_large_enough():
 
 @pytest.mark.parametrize("path", BAD, ids=[p.stem for p in BAD])
 def test_bad_file_gives_located_error(path):
-    line, text = expectations(path)
+    line, text, kinds = expectations(path)
     with pytest.raises(InputError) as info:
-        compile_plan(load_topology(path))
+        compile_plan(load_topology(path, maps=parse(kinds)))
     message = str(info.value)
     assert text in message
     assert str(path) in message

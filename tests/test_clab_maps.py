@@ -71,6 +71,46 @@ def test_a_kind_map_keeps_every_node_and_link(target):
     assert "host:spine1-e10 dropped" in text
 
 
+CHASSIS = Path(__file__).resolve().parent / "clab" / "kindmap" / "chassis.clab.yml"
+
+
+def test_line_cards_in_their_control_cards_netns_fold_into_one_node_with_a_loop_cable():
+    """containerlab's distributed SR-SIM: each card is a node with `network-mode: container:CPM`.
+    Mapped, each chassis is one node holding every card's ports (a chain of shares is followed),
+    and a cable between two cards of one chassis is a loop cable on that node."""
+    with pytest.raises(InputError, match="--kind-map nokia_srsim=frr"):
+        load_topology(CHASSIS)
+    plan = compile_plan(load_topology(CHASSIS, maps=parse(["nokia_srsim=linux"])))
+    assert sorted(n.name for n in plan.nodes) == ["ch1-a", "ch2-a"]
+    assert {i.name for i in plan.node("ch1-a").interfaces} == {"1-1-c1-1", "2-1-c1-1", "1-1-c2-1", "2-1-c2-1"}
+    assert {i.name for i in plan.node("ch2-a").interfaces} == {"1-1-c1-1", "2-1-c1-1"}
+    ends = sorted(tuple(sorted((lk.a.split(":")[0], lk.b.split(":")[0]))) for lk in plan.links)
+    assert ends == [("ch1-a", "ch1-a"), ("ch1-a", "ch2-a"), ("ch1-a", "ch2-a")]
+    text, _, _ = render_topology(CHASSIS, maps=parse(["nokia_srsim=linux"]))
+    assert "ch1-2: shares ch1-a's network namespace (network-mode: container:ch1-1)" in text
+
+
+def test_a_loop_cable_on_a_node_labctl_numbers_is_refused(tmp_path):
+    f = tmp_path / "loop.yml"
+    f.write_text("name: loop\nnodes:\n  a: {kind: host, addresses: none}\n  b: {kind: host}\n"
+                 "links:\n  - endpoints: [a:x, a:y]\n  - endpoints: [a:z, b]\n")
+    plan = compile_plan(load_topology(f))
+    assert sorted(i.name for i in plan.node("a").interfaces) == ["x", "y", "z"]
+    f.write_text(f.read_text().replace("a: {kind: host, addresses: none}", "a: {kind: host}"))
+    with pytest.raises(InputError, match="link 0 connects 'a' to itself") as exc:
+        load_topology(f)
+    assert "addresses: none" in exc.value.fix
+
+
+def test_a_circle_of_shared_netns_is_refused_where_it_starts(tmp_path):
+    f = tmp_path / "circle.clab.yml"
+    f.write_text("name: c\ntopology:\n  nodes:\n    a: {kind: srl, network-mode: 'container:b'}\n"
+                 "    b: {kind: srl, network-mode: 'container:a'}\n  links:\n    - endpoints: [a:e1, b:e2]\n")
+    with pytest.raises(InputError, match="a circle of network-mode") as exc:
+        load_topology(f, maps=parse(["srl=frr"]))
+    assert f"{f}:4" in str(exc.value)
+
+
 @pytest.mark.parametrize("kinds, images, message", [
     (["nokia_srlinux"], [], "not KIND=TARGET"),
     (["nokia_srlinux=srl"], [], "not KIND=TARGET"),

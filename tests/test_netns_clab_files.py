@@ -2,7 +2,8 @@
 groups, a group-level kind, public images (mapped to labctl's own) and FRR configured by
 startup-config plus a bound daemons file reaches BGP Established and pings end to end; a Clos of
 SR Linux nodes comes up on FRR with --kind-map, every planned link present and up in its
-namespaces. `down` leaves nothing."""
+namespaces; distributed chassis whose cards share a netns come up as one namespace each, with
+their loop cable. `down` leaves nothing."""
 from __future__ import annotations
 
 import json
@@ -75,6 +76,33 @@ def test_sr_linux_clos_comes_up_on_frr_with_every_link_in_place(docker_engine, s
         argv = labmod.backend_of(lab).exec_argv(leaf1, ["sh", "-c", "pgrep -x zebra >/dev/null && echo zebra"])
         assert subprocess.run(argv, capture_output=True, text=True).stdout.strip() == "zebra", \
             "the mapped node runs FRR"
+    finally:
+        labmod.down(lab_name)
+    assert lab_namespaces(lab_name + "-") == []
+
+
+def test_distributed_chassis_comes_up_as_one_node_each_with_its_loop_cable(state_dir, lab_name):
+    """containerlab's SR-SIM line cards share their control card's netns; mapped, each chassis is
+    one namespace with every card's ports, and the cable between two cards of one chassis is a veth
+    whose two ends are both in it."""
+    plan, lab, _ = labmod.up(str(CLAB / "kindmap" / "chassis.clab.yml"), name=lab_name,
+                             maps=parse(["nokia_srsim=linux"]))
+    try:
+        assert sorted(lab_namespaces(lab_name + "-")) == [f"{lab_name}-ch1-a", f"{lab_name}-ch2-a"]
+        seen = {}
+        for node in plan.nodes:
+            argv = labmod.backend_of(lab).netns_argv(node, ["ip", "-j", "link", "show", "type", "veth"])
+            seen[node.name] = {x["ifname"]: x for x in json.loads(
+                subprocess.run(argv, capture_output=True, text=True, check=True).stdout)}
+        ch1, ch2 = seen["ch1-a"], seen["ch2-a"]
+        assert sorted(ch1) == ["1-1-c1-1", "1-1-c2-1", "2-1-c1-1", "2-1-c2-1"] and sorted(ch2) == ["1-1-c1-1", "2-1-c1-1"]
+        # the loop cable: each end names the other as its peer, in the same namespace
+        assert ch1["1-1-c2-1"].get("link") == "2-1-c2-1" and ch1["2-1-c2-1"].get("link") == "1-1-c2-1", ch1
+        # the cables between the chassis: peers in the other namespace, every end up
+        for port in ("1-1-c1-1", "2-1-c1-1"):
+            assert "link_netnsid" in ch1[port] and "link_netnsid" in ch2[port], (ch1[port], ch2[port])
+        for ports in seen.values():
+            assert all("LOWER_UP" in x["flags"] for x in ports.values()), ports
     finally:
         labmod.down(lab_name)
     assert lab_namespaces(lab_name + "-") == []

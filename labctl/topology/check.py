@@ -69,9 +69,13 @@ def link_ends(topo: TopologySpec, smap: SourceMap) -> None:
                                  + did_you_mean(node, list(topo.nodes)),
                                  "define the node under nodes:, or fix the name")
             parsed.append(node)
-        if parsed[0] == parsed[1]:
+        # a loop cable (containerlab allows one, e.g. between a chassis's line cards) only on a node
+        # labctl does not number: both ends in one subnet on one node would be no link at all
+        if parsed[0] == parsed[1] and topo.nodes[parsed[0]].addresses != "none":
             raise InputError(smap.where(("links", i, "endpoints")),
-                             f"link {i} connects {parsed[0]!r} to itself", "connect two different nodes")
+                             f"link {i} connects {parsed[0]!r} to itself",
+                             "connect two different nodes (a loop cable is only for a node with `addresses: none`, "
+                             "whose own configuration numbers its ports)")
 
 
 def link_fabrics(topo: TopologySpec, smap: SourceMap) -> None:

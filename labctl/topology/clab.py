@@ -8,7 +8,9 @@ What is read, as containerlab documents it:
   order (the node wins, a group may set the kind): scalars are replaced, `env` is merged, `binds`
   and `cap-add` are added, `exec` is taken from the nearest level;
 - `network-mode` (host, container:...) is refused: labctl cables every node's own netns, and a node
-  in the host's would be the host;
+  in the host's would be the host. One exception: a node whose kind runs by `--kind-map` and that
+  shares another node's netns (`container:NODE`, as a distributed chassis's line cards share their
+  control card's) is folded into that node: its ports are that node's, and a note says so;
 - node names in upper case are lower-cased (labctl names namespaces after them), with a note;
 - `topology.links`, brief (`endpoints: ["a:eth1", "b:eth1"]`) or extended (`type: veth` with
   `{node, interface}` endpoints);
@@ -91,6 +93,7 @@ def to_labctl(data: dict, smap: SourceMap, file: str, maps: ImportMaps | None = 
     groups = _mapping(topo.get("groups"), smap, ("topology", "groups"))
     out_nodes = {}
     renamed: dict[str, str] = {}
+    shares: dict[str, tuple[str, tuple]] = {}       # a folded node: the node whose netns it shares
     for name, spec in nodes.items():
         spec = _mapping(spec, smap, ("topology", "nodes", name))
         ours = _node_name(name, smap)
@@ -100,9 +103,13 @@ def to_labctl(data: dict, smap: SourceMap, file: str, maps: ImportMaps | None = 
         if ours != name:
             renamed[name] = ours
             notes.append(f"node {name!r} is {ours!r} here (labctl names are lower-case)")
-        out_nodes[ours] = _node(name, spec, kinds, defaults, groups, smap, notes, maps)
+        node = _node(name, spec, kinds, defaults, groups, smap, notes, maps, shares)
+        if node is not None:
+            out_nodes[ours] = node
+    folded = _fold(shares, out_nodes, smap, notes)
     mapped = {ours for ours, n in out_nodes.items() if n.get("description", "").startswith("containerlab kind ")}
-    made = [_link(i, lk, renamed, mapped, smap, notes)
+    ends = {**renamed, **folded, **{name: folded[ours] for name, ours in renamed.items() if ours in folded}}
+    made = [_link(i, lk, ends, mapped, smap, notes)
             for i, lk in enumerate(_list(topo.get("links"), smap, ("topology", "links")))]
     links = [lk for lk in made if lk is not None]
     lab = {"name": _lab_name(data.get("name"), smap, notes),
@@ -135,7 +142,9 @@ def _typed(layer: dict, at: tuple, smap: SourceMap) -> None:
 
 
 def _node(name: str, spec: dict, kinds: dict, defaults: dict, groups: dict, smap: SourceMap, notes: list[str],
-          maps: ImportMaps) -> dict:
+          maps: ImportMaps, shares: dict) -> dict | None:
+    """The node in labctl's form; None for a kind-mapped node folded into the node whose netns it
+    shares (recorded in `shares`)."""
     where = ("topology", "nodes", name)
     _typed(spec, where, smap)
     _typed(defaults, ("topology", "defaults"), smap)
@@ -158,6 +167,11 @@ def _node(name: str, spec: dict, kinds: dict, defaults: dict, groups: dict, smap
     level = [defaults, _mapping(kinds.get(kind), smap, ("topology", "kinds", kind)), group, spec]
     _typed(level[1], ("topology", "kinds", kind), smap)
     ats = (("topology", "defaults"), ("topology", "kinds", kind), ("topology", "groups", group_name), where)
+    mode = _nearest(level, "network-mode")
+    if mapped and isinstance(mode, str) and mode.startswith("container:"):
+        at = next(a for a, x in zip(reversed(ats), reversed(level)) if "network-mode" in x)
+        shares[_node_name(name, smap)] = (mode.split(":", 1)[1], at + ("network-mode",))
+        return None
     for at, layer in zip(ats, level):
         for key in layer:
             if key == "network-mode":
@@ -259,6 +273,25 @@ def _mapped_node(name: str, kind: str, target: str, level: list[dict], notes: li
     if target == "frr":
         node.update({"image": FRR_IMAGE, "exec": ["sysctl -w net.ipv4.ip_forward=1", FRR_START]})
     return node
+
+
+def _fold(shares: dict, nodes: dict, smap: SourceMap, notes: list[str]) -> dict[str, str]:
+    """Each folded node's name -> the node that holds its ports (a chain of shares is followed)."""
+    folded: dict[str, str] = {}
+    for name, (named, at) in shares.items():
+        target, seen = named, [name]
+        while target.lower() in shares and target.lower() not in seen:
+            seen.append(target.lower())
+            target = shares[target.lower()][0]
+        holder = target.lower()
+        if holder not in nodes:
+            why = "a circle of network-mode: container:..." if holder in seen else f"no node {target!r} in this file"
+            raise InputError(smap.where(at), f"node {name!r} shares the netns of {named!r}: {why}",
+                             "name a node of this file that has its own netns (network-mode: container:NODE)")
+        folded[name] = holder
+        notes.append(f"{name}: shares {holder}'s network namespace (network-mode: container:{named}), so its "
+                     f"ports are {holder}'s ports here")
+    return folded
 
 
 def _refuse_kind(name: str, kind, where) -> None:
