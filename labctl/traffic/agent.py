@@ -19,6 +19,7 @@ import time
 
 from labctl.traffic import mmsg, roce
 from labctl.traffic.receiver import Receiver
+from labctl.traffic.rxbatch import BatchReader
 from labctl.traffic.dcqcn import Params
 from labctl.traffic.sender import Sender
 
@@ -51,8 +52,7 @@ class Agent:
 
     def _receive(self) -> None:
         rx = mmsg.Receiver(self.sock)
-        names: dict[bytes, str] = {}
-        packet = self.receiver.packet
+        batch = BatchReader(self.receiver, rx)       # in-order runs of a full batch counted at once
         while not self.stop:
             try:
                 n = rx.recv()
@@ -60,12 +60,7 @@ class Agent:
                 return
             if n:
                 self.last_arrival = time.monotonic()
-            for i in range(n):
-                raw_src = rx.source(i)
-                src = names.get(raw_src)
-                if src is None:
-                    src = names[raw_src] = socket.inet_ntoa(raw_src)
-                packet(rx.payload(i), src, rx.tos(i))
+                batch.take(n)
 
     def _wait(self, pred, deadline: float, quiet: float, since: float, rto: float = 0.05) -> bool:
         """Wait (holding the receiver's lock) until `pred()`; give up at `deadline`, or once nothing

@@ -75,6 +75,13 @@ class Receiver:
             raise OSError(err, os.strerror(err))
         return n
 
+    def headers(self):
+        """numpy views of every slot's BTH, length, source and ToS (rxbatch.Headers), for reading
+        a whole batch at once."""
+        from labctl.traffic.rxbatch import Headers
+        return Headers(self.data, SLOT, self.batch, self.msgs, ctypes.sizeof(_mmsghdr), _mmsghdr.msg_len.offset,
+                       _msghdr.msg_controllen.offset, self.names, NAME, self.control, CONTROL)
+
     def length(self, i: int) -> int:
         return self.msgs[i].msg_len
 

@@ -120,6 +120,25 @@ class Receiver:
             return
         self._accept(q, src_ip, dqpn, opcode, psn, *_payload(data, opcode, pad))
 
+    def take_run(self, src_ip: str, dqpn: int, psn: int, count: int, size_sum: int, last_size: int) -> bool:
+        """`count` WRITE Middle packets of one QP with PSNs `psn`, `psn`+1, ..., none CE-marked, in
+        that order (rxbatch.py): counted at once, as `packet` would count each, when they start at
+        the QP's expected PSN and it holds nothing seen ahead. False leaves them to `packet`."""
+        q = self.qps.get((src_ip, dqpn))
+        if q is None or psn != q.expected_psn:
+            return False
+        if self.reliable and (q.ahead or q.held or q.next_exp != psn):
+            return False
+        q.packets += count
+        q.bytes += size_sum
+        q.msg_bytes += size_sum
+        q.full_size = last_size
+        q.expected_psn = (psn + count) & roce.PSN_MASK
+        if self.reliable:
+            q.next_exp = q.expected_psn
+            q.nak_for = None
+        return True
+
     def _reliable(self, q: QpRx, src_ip: str, dqpn: int, data: memoryview, opcode: int, pad: int, psn: int,
                   gap: int) -> None:
         """An RC receiver, go-back-N or tolerant of reordering (the module's docstring)."""
