@@ -102,6 +102,24 @@ def test_a_loop_cable_on_a_node_labctl_numbers_is_refused(tmp_path):
     assert "addresses: none" in exc.value.fix
 
 
+def test_a_folded_card_keeps_its_name_and_its_port_names(tmp_path):
+    """A folded node's name is still taken (a node of the same name, in any case, is refused rather
+    than losing its links to the card's holder), and its NOS port names are translated even when it
+    shares the netns of a plain Linux node."""
+    f = tmp_path / "cards.clab.yml"
+    f.write_text("name: c\ntopology:\n  nodes:\n    cp: {kind: srl}\n    LC1: {kind: srl, network-mode: 'container:cp'}\n"
+                 "    lc1: {kind: linux}\n    peer: {kind: linux}\n  links:\n    - endpoints: [lc1:eth1, peer:eth1]\n"
+                 "    - endpoints: [LC1:e1, peer:eth2]\n")
+    with pytest.raises(InputError, match="node 'lc1' is 'lc1' in labctl, as node 'LC1' is") as exc:
+        load_topology(f, maps=parse(["srl=linux"]))
+    assert f"{f}:6" in str(exc.value)
+    f.write_text("name: c\ntopology:\n  nodes:\n    box: {kind: linux, image: labctl/host}\n"
+                 "    card: {kind: srl, network-mode: 'container:box'}\n    peer: {kind: linux}\n"
+                 "  links:\n    - endpoints: [card:ethernet-1/1, peer:eth1]\n")
+    plan = compile_plan(load_topology(f, maps=parse(["srl=frr"])))
+    assert [i.name for i in plan.node("box").interfaces] == ["e1-1"]
+
+
 def test_a_circle_of_shared_netns_is_refused_where_it_starts(tmp_path):
     f = tmp_path / "circle.clab.yml"
     f.write_text("name: c\ntopology:\n  nodes:\n    a: {kind: srl, network-mode: 'container:b'}\n"

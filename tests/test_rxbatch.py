@@ -148,3 +148,56 @@ def test_small_batches_go_one_by_one_and_agree_too():
     datagrams = perturbed(rng, stream(rng, 10), p=0.02)
     one, batched, counted = both_ways(datagrams, True, "drop", batch=MIN_BATCH - 1)
     assert one == batched and counted == 0
+
+
+def middle(dqpn: int, psn: int, size: int, pad: int = 0) -> bytes:
+    return roce.bth(roce.WRITE_MIDDLE, dqpn, psn, padcnt=pad) + bytes(size + pad) + bytes(roce.ICRC_LEN)
+
+
+def test_runs_never_join_what_differs_and_read_only_this_batch():
+    """Cases a random stream rarely makes: two QPs, and two sources, whose PSNs follow each other
+    back to back (a run must not cross them); Middles of different sizes and with pad; datagrams
+    shorter than a header; and a batch that comes with no ToS (the option turned off) after one
+    whose packets were CE-marked: the stale ToS bytes in the buffer must not count."""
+    first = [(0, roce.bth(roce.WRITE_FIRST, 0x101, 0) + bytes(16 + MTU + 4), 0),
+             (0, roce.bth(roce.WRITE_FIRST, 0x202, 8) + bytes(16 + MTU + 4), 0),
+             (1, roce.bth(roce.WRITE_FIRST, 0x101, 8) + bytes(16 + MTU + 4), 0)]
+    batch1 = first + [(1, middle(0x101, k, MTU), 3) for k in range(9, 17)] + \
+        [(0, middle(0x101, k, MTU), 0) for k in range(1, 9)] + [(0, middle(0x202, k, MTU), 0) for k in range(9, 17)]
+    batch2 = [(0, bytes(14), 0), (0, middle(0x101, 9, 1, pad=2)[:17], 0)] + \
+        [(0, middle(0x101, k, MTU - 4 * (k % 3), pad=k % 4), 0) for k in range(9, 17)] + \
+        [(1, middle(0x101, k, MTU), 0) for k in range(17, 25)]
+    peers = {s: (1, "127.0.0.1") for s in SOURCES}
+    one = Receiver(0, peers, Replies(), 0.0, False, "drop")
+    for src, payload, tos in batch1:
+        one.packet(memoryview(payload), SOURCES[src], roce.TOS_DATA | tos)
+    for src, payload, tos in batch2:
+        one.packet(memoryview(payload), SOURCES[src], 0)         # read with no ToS at all
+    rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+    rx.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 1)
+    rx.bind(("127.0.0.1", 0))
+    rx.settimeout(1)
+    batched = Receiver(0, peers, Replies(), 0.0, False, "drop")
+    reader = BatchReader(batched, mmsg.Receiver(rx))
+    senders = {}
+    for number, datagrams in enumerate((batch1, batch2)):
+        if number == 1:
+            rx.setsockopt(socket.IPPROTO_IP, socket.IP_RECVTOS, 0)
+        for src, payload, tos in datagrams:
+            sock = senders.get((src, tos))
+            if sock is None:
+                sock = senders[(src, tos)] = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                sock.bind((SOURCES[src], 0))
+                sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, roce.TOS_DATA | tos)
+            sock.sendto(payload, rx.getsockname())
+        got = 0
+        while got < len(datagrams):
+            n = reader.rx.recv()
+            assert n, "loopback delivered the batch"
+            reader.take(n)
+            got += n
+    assert state(one, one.sender) == state(batched, batched.sender)
+    a, b, c = (batched.qps[k] for k in ((SOURCES[0], 0x101), (SOURCES[0], 0x202), (SOURCES[1], 0x101)))
+    assert (a.packets, a.ce, a.expected_psn, a.full_size) == (17, 0, 17, MTU - 4), a
+    assert (b.packets, b.expected_psn) == (9, 17) and (c.packets, c.ce, c.expected_psn) == (17, 8, 25), (b, c)

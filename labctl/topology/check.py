@@ -6,7 +6,7 @@ rule is a new check in the list.
 from __future__ import annotations
 
 from labctl.errors import InputError
-from labctl.kinds import fabric_kind
+from labctl.kinds import fabric_kind, node_kind
 from labctl.topology import placement
 from labctl.names import NamingError, assign_ifnames, split_endpoint
 from labctl.topology.fabrics import l2_segments, link_fabric, node_fabric, routing_domain, switching
@@ -71,6 +71,10 @@ def link_ends(topo: TopologySpec, smap: SourceMap) -> None:
             parsed.append(node)
         # a loop cable (containerlab allows one, e.g. between a chassis's line cards) only on a node
         # labctl does not number: both ends in one subnet on one node would be no link at all
+        if parsed[0] == parsed[1] and node_kind(topo.nodes[parsed[0]].kind).holds_rank:
+            raise InputError(smap.where(("links", i, "endpoints")),
+                             f"link {i} connects GPU {parsed[0]!r} to itself",
+                             "cable a GPU's NIC to a switch or another GPU: a loop cable carries no rank's traffic")
         if parsed[0] == parsed[1] and topo.nodes[parsed[0]].addresses != "none":
             raise InputError(smap.where(("links", i, "endpoints")),
                              f"link {i} connects {parsed[0]!r} to itself",

@@ -94,12 +94,14 @@ def to_labctl(data: dict, smap: SourceMap, file: str, maps: ImportMaps | None = 
     out_nodes = {}
     renamed: dict[str, str] = {}
     shares: dict[str, tuple[str, tuple]] = {}       # a folded node: the node whose netns it shares
+    taken: dict[str, str] = {}                      # every node's labctl name (folded ones too) -> as written
     for name, spec in nodes.items():
         spec = _mapping(spec, smap, ("topology", "nodes", name))
         ours = _node_name(name, smap)
-        if ours in out_nodes:
+        if ours in taken:
             raise InputError(smap.where(("topology", "nodes", name)), f"node {name!r} is {ours!r} in labctl, "
-                             "as another node is", "rename one of them (labctl names are lower-case)")
+                             f"as node {taken[ours]!r} is", "rename one of them (labctl names are lower-case)")
+        taken[ours] = name
         if ours != name:
             renamed[name] = ours
             notes.append(f"node {name!r} is {ours!r} here (labctl names are lower-case)")
@@ -107,9 +109,9 @@ def to_labctl(data: dict, smap: SourceMap, file: str, maps: ImportMaps | None = 
         if node is not None:
             out_nodes[ours] = node
     folded = _fold(shares, out_nodes, smap, notes)
+    # a NOS node's port names are translated, a folded card's too (it is a mapped kind's node)
     mapped = {ours for ours, n in out_nodes.items() if n.get("description", "").startswith("containerlab kind ")}
-    ends = {**renamed, **folded, **{name: folded[ours] for name, ours in renamed.items() if ours in folded}}
-    made = [_link(i, lk, ends, mapped, smap, notes)
+    made = [_link(i, lk, renamed, folded, mapped | set(folded), smap, notes)
             for i, lk in enumerate(_list(topo.get("links"), smap, ("topology", "links")))]
     links = [lk for lk in made if lk is not None]
     lab = {"name": _lab_name(data.get("name"), smap, notes),
@@ -284,10 +286,18 @@ def _fold(shares: dict, nodes: dict, smap: SourceMap, notes: list[str]) -> dict[
             seen.append(target.lower())
             target = shares[target.lower()][0]
         holder = target.lower()
+        if holder in seen:
+            raise InputError(smap.where(at), f"node {name!r} shares the netns of {named!r}: a circle of "
+                             "network-mode: container:...", "name a node of this file that has its own netns")
+        last, (last_named, last_at) = seen[-1], shares[seen[-1]]      # the share that names the holder
         if holder not in nodes:
-            why = "a circle of network-mode: container:..." if holder in seen else f"no node {target!r} in this file"
-            raise InputError(smap.where(at), f"node {name!r} shares the netns of {named!r}: {why}",
-                             "name a node of this file that has its own netns (network-mode: container:NODE)")
+            raise InputError(smap.where(last_at), f"node {last!r} shares the netns of {last_named!r}: no node "
+                             f"{target!r} in this file", "name a node of this file that has its own netns "
+                             "(network-mode: container:NODE)")
+        if nodes[holder]["kind"] == "bridge":
+            raise InputError(smap.where(last_at), f"node {last!r} shares the netns of {last_named!r}, a bridge: "
+                             "a bridge has no netns of its own to share (containerlab's is the host's)",
+                             "share the netns of a router or host node, or cable the card to the bridge")
         folded[name] = holder
         notes.append(f"{name}: shares {holder}'s network namespace (network-mode: container:{named}), so its "
                      f"ports are {holder}'s ports here")
@@ -312,8 +322,11 @@ def _nearest(level: list[dict], key: str):
     return next((x[key] for x in reversed(level) if key in x), None)
 
 
-def _link(i: int, lk: object, renamed: dict, mapped: set, smap: SourceMap, notes: list[str]) -> dict | None:
-    """The link in labctl's form; None for a link to containerlab's host, mgmt-net or macvlan (noted)."""
+def _link(i: int, lk: object, renamed: dict, folded: dict, mapped: set, smap: SourceMap,
+          notes: list[str]) -> dict | None:
+    """The link in labctl's form; None for a link to containerlab's host, mgmt-net or macvlan (noted).
+    `renamed`: names as written -> labctl's; `folded`: a folded node -> the node holding its ports;
+    `mapped`: the nodes (labctl names) whose NOS port names are translated."""
     where = ("topology", "links", i)
     lk = _mapping(lk, smap, where)
     kind = lk.get("type", "veth")
@@ -337,6 +350,7 @@ def _link(i: int, lk: object, renamed: dict, mapped: set, smap: SourceMap, notes
         if node in mapped and iface and iface != _linux_ifname(iface):
             notes.append(f"{node}:{iface} is port {_linux_ifname(iface)} here (a NOS's name, as containerlab maps it)")
             iface = _linux_ifname(iface)
+        node = folded.get(node, node)
         if not iface:
             raise InputError(smap.where(where + ("endpoints", e)), f"endpoint {end!r} names no interface",
                              'containerlab endpoints are "node:interface", e.g. "srv1:eth1"')

@@ -14,6 +14,7 @@ MSG_WAITFORONE = 0x10000
 SLOT = 9216          # a jumbo frame's payload fits
 NAME = 16            # sockaddr_in
 CONTROL = 32         # one cmsg holding IP_TOS (1 byte, padded)
+TOS_AT = ctypes.sizeof(ctypes.c_size_t) + 8     # CMSG_DATA: after cmsg_len (a size_t), level and type
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -80,7 +81,7 @@ class Receiver:
         a whole batch at once."""
         from labctl.traffic.rxbatch import Headers
         return Headers(self.data, SLOT, self.batch, self.msgs, ctypes.sizeof(_mmsghdr), _mmsghdr.msg_len.offset,
-                       _msghdr.msg_controllen.offset, self.names, NAME, self.control, CONTROL)
+                       _msghdr.msg_controllen.offset, self.names, NAME, self.control, CONTROL, TOS_AT)
 
     def length(self, i: int) -> int:
         return self.msgs[i].msg_len
@@ -92,6 +93,6 @@ class Receiver:
         return bytes(self.name_view[i * NAME + 4:i * NAME + 8])
 
     def tos(self, i: int) -> int:
-        if self.msgs[i].msg_hdr.msg_controllen < 17:
+        if self.msgs[i].msg_hdr.msg_controllen <= TOS_AT:
             return 0
-        return self.control_view[i * CONTROL + 16]
+        return self.control_view[i * CONTROL + TOS_AT]

@@ -47,6 +47,8 @@ def path_ports(plan: LabPlan, a: Node, b: Node) -> tuple[Interface, Interface]:
     shared = []
     for ia in a.interfaces:
         for ib in b.interfaces:
+            if ia.peer_node == a.name or ib.peer_node == b.name:
+                continue        # a loop cable (`addresses: none` nodes may have one) leads nowhere
             if ia.fabric == ib.fabric:
                 kind = fabric_kind(plan.fabrics[ia.fabric].kind)
                 if kind.islands and getattr(a, kind.islands) != getattr(b, kind.islands) \

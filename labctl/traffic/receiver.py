@@ -38,6 +38,10 @@ MAX_TRACKED_GAP = 4096  # PSNs remembered per gap to recognise reordering
 # 2^24 PSN space, so that none is kept long enough to wrap into a new message (_forget_wrapped)
 PRUNE_EVERY = 1 << 22
 OOO_WINDOW = 1024       # tolerate: PSNs ahead of the expected one a receiver places (its bitmap)
+# the bytes an opcode's headers take, its ICRC included: a shorter datagram is dropped unread
+HEADERS = {op: roce.BTH_LEN + roce.ICRC_LEN + (roce.RETH_LEN if op in roce.HAS_RETH else 0)
+           + (roce.IMM_LEN if op in roce.HAS_IMM else 0) for op in roce.OPCODES}
+HEADERS[roce.ACK] = roce.BTH_LEN + roce.AETH_LEN + roce.ICRC_LEN
 
 
 @dataclass
@@ -88,6 +92,8 @@ class Receiver:
         if len(data) < roce.BTH_LEN + roce.ICRC_LEN:
             return
         opcode, pad, dqpn, psn, _becn = roce.parse_bth(data)
+        if len(data) < HEADERS.get(opcode, roce.BTH_LEN + roce.ICRC_LEN) + pad:
+            return        # shorter than its own headers and pad: not a packet any sender of the lab makes
         if opcode == roce.CNP:
             self.sender.on_cnp(dqpn)
             return

@@ -15,6 +15,7 @@ MIN_BATCH the packets go one by one. `LABCTL_RX_BATCH=off` sends every batch one
 """
 from __future__ import annotations
 
+import ctypes
 import os
 import socket
 
@@ -31,17 +32,19 @@ class Headers:
     """numpy views of a recvmmsg batch's buffers (mmsg.Receiver's), made once and read per batch."""
 
     def __init__(self, data, slot: int, batch: int, msgs, msg_size: int, len_at: int, controllen_at: int,
-                 names, name_size: int, control, control_size: int):
+                 names, name_size: int, control, control_size: int, tos_at: int):
         def field(buf, dtype, offset, stride):
             return np.ndarray((batch,), dtype=dtype, buffer=buf, offset=offset, strides=(stride,))
+        size_t = np.uint64 if ctypes.sizeof(ctypes.c_size_t) == 8 else np.uint32
         self.opcode = field(data, np.uint8, 0, slot)
         self.flags = field(data, np.uint8, 1, slot)
         self.dqpn = field(data, ">u4", 4, slot)
         self.psn = field(data, ">u4", 8, slot)
         self.length = field(msgs, np.uint32, len_at, msg_size)
-        self.controllen = field(msgs, np.uint64, controllen_at, msg_size)
-        self.src = field(names, ">u4", 4, name_size)          # sockaddr_in's address, network order
-        self.tos = field(control, np.uint8, 16, control_size)  # the IP_TOS cmsg's byte
+        self.controllen = field(msgs, size_t, controllen_at, msg_size)
+        self.src = field(names, ">u4", 4, name_size)              # sockaddr_in's address, network order
+        self.tos = field(control, np.uint8, tos_at, control_size)  # the IP_TOS cmsg's byte
+        self.tos_at = tos_at
 
 
 class BatchReader:
@@ -68,7 +71,7 @@ class BatchReader:
             return
         op, flags, length = h.opcode[:n], h.flags[:n], h.length[:n]
         src, dqpn, psn = h.src[:n], h.dqpn[:n], h.psn[:n]
-        tos = h.tos[:n] * (h.controllen[:n] >= 17)
+        tos = h.tos[:n] * (h.controllen[:n] > h.tos_at)     # a batch without the cmsg has no ToS
         plain = (op == roce.WRITE_MIDDLE) & ((tos & 3) != roce.CE) & (length >= OVERHEAD + 3)
         # a run: plain packets of one QP whose PSNs follow each other (the 32-bit field's step of
         # one is a step of one in the 24-bit PSN too); every other packet is a run of its own
