@@ -1,6 +1,7 @@
 """Plan every containerlab file under a directory (e.g. a checkout of containerlab's lab-examples)
 as a user would: as written first, then adding the `--kind-map KIND=frr` that each error suggests,
-until the file plans or fails for another reason. Prints one line per file and a tally.
+until the file plans or fails for another reason. Prints one line per file (and whether `up` would
+ask for --trust) and a tally.
 
     python bench/clab_examples.py PATH/TO/containerlab/lab-examples
 
@@ -13,6 +14,7 @@ import sys
 from pathlib import Path
 
 from labctl.errors import InputError
+from labctl.plan import trust
 from labctl.plan.compile import compile_plan
 from labctl.topology.clabmaps import parse
 from labctl.topology.load import load_topology
@@ -25,9 +27,15 @@ def plan_with_suggestions(path: Path) -> tuple[str, list[str], str]:
     kinds: list[str] = []
     while True:
         try:
-            p = compile_plan(load_topology(path, maps=parse(kinds)))
+            loaded = load_topology(path, maps=parse(kinds))
+            p = compile_plan(loaded)
             how = "with kind map" if kinds else "as written"
-            return how, kinds, f"{len(p.nodes)} nodes, {len(p.links)} links"
+            # `up` also asks for --trust where the file has powerful lines (binds, foreign images)
+            # and is not root's alone, as a checkout often is not
+            powerful = trust.powerful(loaded)
+            trusted = f"; up needs --trust ({len(powerful)} powerful lines)" if powerful and trust.untrusted(loaded) \
+                else ""
+            return how, kinds, f"{len(p.nodes)} nodes, {len(p.links)} links{trusted}"
         except InputError as exc:
             m = SUGGESTED.search(exc.fix or "")
             if not m or f"{m.group(1)}=frr" in kinds:

@@ -24,7 +24,8 @@ def test_groups_inherit_between_kinds_and_the_node_and_may_set_the_kind():
     assert r1.container.env == {"LAB": "groups"}                   # from topology.defaults
     assert r1.container.binds == [f"{CLAB / 'groups' / 'daemons'}:/etc/frr/daemons:ro",       # the group's
                                   f"{CLAB / 'groups' / 'r1.conf'}:/etc/frr/frr.conf:ro"]      # startup-config
-    assert r1.exec == [["/usr/lib/frr/frrinit.sh", "start"]], "FRR is started as the image's entrypoint would"
+    assert r1.exec == [["sysctl", "-w", "net.ipv4.ip_forward=1"], ["/usr/lib/frr/frrinit.sh", "start"]], \
+        "a router forwards, as under Docker, and FRR is started as the image's entrypoint would"
     assert pc2.exec[0] == ["ip", "address", "add", "10.0.2.2/24", "dev", "eth1"]
     assert plan.lab == "groups-lab" and len(plan.links) == 3
 
@@ -100,6 +101,16 @@ def test_a_loop_cable_on_a_node_labctl_numbers_is_refused(tmp_path):
     with pytest.raises(InputError, match="link 0 connects 'a' to itself") as exc:
         load_topology(f)
     assert "addresses: none" in exc.value.fix
+
+
+def test_plan_shows_how_the_file_was_read():
+    from click.testing import CliRunner
+    from labctl.cli import cli
+    result = CliRunner().invoke(cli, ["plan", str(CLAB / "forwarding.clab.yml")], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert "how the containerlab file was read" in result.output
+    assert "r1: image frrouting/frr:v8.4.1 runs as labctl/frr" in result.output
+    assert "r1: IPv4 forwarding turned on by an exec line" in result.output
 
 
 def test_a_folded_card_keeps_its_name_and_its_port_names(tmp_path):

@@ -81,6 +81,37 @@ def test_sr_linux_clos_comes_up_on_frr_with_every_link_in_place(docker_engine, s
     assert lab_namespaces(lab_name + "-") == []
 
 
+def test_a_missing_image_is_refused_where_it_is_named_before_any_container_and_the_engine_goes(
+        state_dir, lab_name, tmp_path):
+    """No registry is used: a node whose image this engine lacks is refused with the file and key
+    and the ways to get it, before any container exists; an engine started for this lab stops again
+    (one that ran before is left running)."""
+    from labctl import state
+    from labctl.containers import engine
+    from labctl.errors import InputError
+    ran_before = engine.answering()
+    f = tmp_path / "absent.clab.yml"
+    f.write_text("name: absent\ntopology:\n  nodes:\n    a: {kind: linux, image: example.org/absent/thing:1.0}\n"
+                 "    b: {kind: linux}\n  links:\n    - endpoints: [a:eth1, b:eth1]\n")
+    with pytest.raises(InputError) as exc:
+        labmod.up(str(f), name=lab_name, trust=True)
+    assert str(exc.value.where) == f"{f}: nodes.a.image", exc.value.where
+    assert "'example.org/absent/thing:1.0' is not in this machine's Docker engine" in str(exc.value)
+    assert "--image-map absent/thing=labctl/host" in exc.value.fix and "docker load" in exc.value.fix
+    assert lab_namespaces(lab_name + "-") == [] and not state.lab_dir(lab_name).path.exists()
+    assert engine.answering() == ran_before, "an engine started for this lab alone is stopped again"
+
+
+def test_a_router_on_the_frr_image_forwards_as_under_docker(docker_engine, state_dir, lab_name):
+    plan, lab, _ = labmod.up(str(CLAB / "forwarding.clab.yml"), name=lab_name)
+    try:
+        assert plan.node("r1").container.image == "labctl/frr", "the public FRR image runs as labctl's"
+        assert ping(plan, lab, "h1", "10.0.2.2"), "h1 reaches h2 through r1"
+    finally:
+        labmod.down(lab_name)
+    assert lab_namespaces(lab_name + "-") == []
+
+
 def test_distributed_chassis_comes_up_as_one_node_each_with_its_loop_cable(state_dir, lab_name):
     """containerlab's SR-SIM line cards share their control card's netns; mapped, each chassis is
     one namespace with every card's ports, and the cable between two cards of one chassis is a veth

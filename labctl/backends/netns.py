@@ -19,7 +19,7 @@ from labctl import procs
 from labctl.kernel import neighbours, netconf, nsutil, rps, rtnl, wires
 from labctl.backends.base import Backend, Progress, own_namespaces, quiet, refuse_taken_namespaces
 from labctl.containers import nodes as container_nodes
-from labctl.errors import LabError
+from labctl.errors import InputError, LabError, Where
 from labctl.plan.model import LabPlan
 from labctl.state import LabDir
 
@@ -62,7 +62,7 @@ class NetnsBackend(Backend):
         handles: dict[str, _NsHandles] = {}
         docker_client = None
         try:
-            docker_client = _container_engine(plan, progress, self.build_images)
+            docker_client = _container_engine(plan, lab, progress, self.build_images)
             placed = _placed_nodes(plan, lab, progress, self.build_images)
             for i, node in enumerate(plan.nodes):
                 lab.journal("netns", node.namespace)
@@ -109,8 +109,9 @@ class NetnsBackend(Backend):
                 h.close()
             handles.clear()
             self.destroy(lab)
-            if docker_client is None and any(n.container and not n.machine for n in plan.nodes):
-                # refused before any container existed: an engine started for this lab goes again
+            if any(n.container and not n.machine for n in plan.nodes):
+                # an engine started for this lab goes again (destroy releases it only where the lab
+                # had made a container: not when the first one was refused)
                 from labctl.containers import engine
                 from labctl.state import all_labs
                 engine.release_if_idle(container_nodes.labs_with_containers(all_labs(), but=lab.name))
@@ -212,9 +213,10 @@ def _placed_nodes(plan: LabPlan, lab: LabDir, progress: Progress, build_images: 
     return services.start(plan, lab, known, lambda node: container_nodes.binds_for(lab, node), progress)
 
 
-def _container_engine(plan: LabPlan, progress: Progress, build_images: bool = True):
+def _container_engine(plan: LabPlan, lab: LabDir, progress: Progress, build_images: bool = True):
     """A Docker client if the lab has container nodes on this host (starting the engine if none
-    runs), after checking that none of their names is taken and building any labctl/* image they lack."""
+    runs), after checking that none of their names is taken, building any labctl/* image they lack
+    and checking that every other image is there, before any container exists."""
     wanted = [n for n in plan.nodes if n.container and not n.machine]
     if not wanted:
         return None
@@ -222,6 +224,14 @@ def _container_engine(plan: LabPlan, progress: Progress, build_images: bool = Tr
     client = engine.ensure(auto=True, progress=progress)
     try:
         images.ensure_present(client, sorted({n.container.image for n in wanted}), build_images, progress)
+        missing = images.missing(client, wanted)
+        if missing:
+            node = missing[0]
+            raise InputError(Where(lab.read_state().get("topology_file") or plan.lab, key=f"nodes.{node.name}.image"),
+                             f"node {node.name}: image {node.container.image!r} is not in this machine's Docker "
+                             "engine, and labctl uses no registry"
+                             + (f" ({len(missing) - 1} more node(s) lack theirs)" if len(missing) > 1 else ""),
+                             images.missing_fix(node.container.image))
     except BaseException:
         client.close()
         raise

@@ -135,6 +135,12 @@ def plan(file, sets, name, template_dirs, topo, as_json, kind_map, image_map, ho
         lt.add_row(lk.a, lk.b, lk.fabric, lk.subnet, format_rate(lk.rate_bps), format_rate(lk.lab_rate_bps),
                    *((" -- ".join(lk.machines) + " (VXLAN)" if lk.machines else "",) if placed else ()))
     out.print(lt)
+    notes = [line[len("# note: "):] for line in loaded.text.splitlines() if line.startswith("# note: ")]
+    if notes:
+        out.print("[bold]how the containerlab file was read[/] (`labctl render FILE` shows the lab it became):",
+                  highlight=False)
+        for note in notes:
+            out.print(f"  - {note}", highlight=False, markup=False)
 
 
 def _agent_places(p) -> dict[str, str]:

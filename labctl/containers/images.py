@@ -164,6 +164,23 @@ def ensure_present(client, wanted: list[str], build: bool = True, progress=None)
     return built
 
 
+def missing(client, nodes) -> list:
+    """The nodes whose image the engine does not have (labctl's own are built before this)."""
+    have: dict[str, bool] = {}
+    for n in nodes:
+        if n.container.image not in have:
+            have[n.container.image] = _has(client, n.container.image)
+    return [n for n in nodes if not have[n.container.image]]
+
+
+def missing_fix(image: str) -> str:
+    from labctl.topology.clabmaps import repository
+    repo = repository(image)
+    return (f"`docker load -i FILE` it into this engine (or `docker pull {image}` where a registry is reachable); "
+            f"or run the node on labctl's own image: `image: labctl/host` (or labctl/frr), or for a containerlab "
+            f"file `--image-map {repo}=labctl/host`")
+
+
 def _has(client, image: str) -> bool:
     try:
         client.images.get(image)

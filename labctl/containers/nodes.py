@@ -26,7 +26,7 @@ import os
 import shutil
 
 from labctl.capabilities import CAPABILITIES, held, lacking  # noqa: F401 (CAPABILITIES: tests)
-from labctl.containers import engine
+from labctl.containers import engine, images
 from labctl.errors import LabError
 from labctl.plan.model import Node
 from labctl.plan.share import AGENT_CODE, AGENT_HOME  # a switch agent inside the node: its code and directory
@@ -58,9 +58,9 @@ def start(client, node: Node, lab: LabDir) -> int:
     try:
         client.images.get(c.image)
     except docker.errors.ImageNotFound:
+        # (up checks every image before the first container: this is for one removed meanwhile)
         raise LabError(f"node {node.name}: image {c.image!r} is not in the Docker engine, and no registry is used",
-                       "build one (`labctl image build host`, `labctl image build frr`), "
-                       "or `docker pull` / `docker load` it first") from None
+                       images.missing_fix(c.image)) from None
     can_grant(node)
     binds = binds_for(lab, node)
     lab.journal("container", c.name)

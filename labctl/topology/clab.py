@@ -23,7 +23,8 @@ here: it is refused with the node, its kind, and the kind map that runs the topo
 instead (clabmaps.py). Public images are mapped to labctl's own (clabmaps.py), each with a note.
 
 An FRR node (its image is, or maps to, labctl/frr) gets FRR started by an exec line when none of
-its own does, as the FRR image's entrypoint does under containerlab.
+its own does, as the FRR image's entrypoint does under containerlab, and IPv4 forwarding turned on
+first (a container's namespace copies a Docker host's, which is on).
 
 As in containerlab, labctl numbers nothing: every node says `addresses: none`, and the file's
 `exec:` lines set addresses and routes. Links are shaped like any labctl link, at 10 Gbit/s with
@@ -47,6 +48,7 @@ KEY_TYPES = {"kind": (str,), "image": (str, type(None)), "cmd": (str, list), "en
 KEY_ITEMS = {"binds": str, "exec": str, "cmd": str, "cap-add": str}
 FRR_IMAGE = "labctl/frr"
 FRR_START = "/usr/lib/frr/frrinit.sh start"
+FORWARD = "sysctl -w net.ipv4.ip_forward=1"
 # containerlab keys that mean nothing without its management network, licences or NOS images
 IGNORED_NODE_KEYS = ("mgmt-ipv4", "mgmt-ipv6", "mgmt_ipv4", "mgmt_ipv6", "ports", "publish", "type",
                      "env-files", "startup-delay", "enforce-startup-config", "license", "SANs", "user",
@@ -224,6 +226,12 @@ def _node(name: str, spec: dict, kinds: dict, defaults: dict, groups: dict, smap
     elif caps:
         notes.append(f"{name}: cap-add ignored (no image: the node is a plain namespace)")
     exec_lines = list(_nearest(level, "exec") or [])
+    if frr and not any("ip_forward" in str(x) for x in exec_lines):
+        # a container's namespace copies the host's IPv4 forwarding, which Docker turns on: a
+        # router of a containerlab file forwards without saying so. labctl's nodes start with it off
+        exec_lines.insert(0, FORWARD)
+        notes.append(f"{name}: IPv4 forwarding turned on by an exec line ({FORWARD}), as a Docker host's "
+                     "containers inherit it")
     if frr and not any("frrinit" in str(x) or "watchfrr" in str(x) for x in exec_lines):
         exec_lines.append(FRR_START)
         notes.append(f"{name}: FRR started by an exec line ({FRR_START}), as the FRR image's entrypoint does")
@@ -273,7 +281,7 @@ def _mapped_node(name: str, kind: str, target: str, level: list[dict], notes: li
         return {"kind": "bridge"}
     node: dict = {"kind": "host", "addresses": "none", "description": f"containerlab kind {kind}"}
     if target == "frr":
-        node.update({"image": FRR_IMAGE, "exec": ["sysctl -w net.ipv4.ip_forward=1", FRR_START]})
+        node.update({"image": FRR_IMAGE, "exec": [FORWARD, FRR_START]})
     return node
 
 
