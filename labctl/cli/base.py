@@ -1,6 +1,7 @@
 """The labctl command group, shared options and error handling."""
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -9,8 +10,11 @@ from rich.console import Console
 from labctl import __version__
 from labctl.errors import LabError
 
-out = Console()
-err = Console(stderr=True)
+# Written to a file or a pipe, rich would wrap tables at 80 columns and cut their cells ("leaf1:spin…"):
+# there, lines are as wide as they need (up to a generous 240; COLUMNS still wins when set)
+PIPED_WIDTH = 240
+out = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else PIPED_WIDTH)
+err = Console(stderr=True, width=None if sys.stderr.isatty() or os.environ.get("COLUMNS") else PIPED_WIDTH)
 
 SET_HELP = "override a template variable (or a dotted key of a plain lab), e.g. --set spines=4; repeatable"
 TEMPLATES_HELP = "a directory of your own templates, searched before the bundled ones; repeatable"

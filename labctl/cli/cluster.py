@@ -71,6 +71,12 @@ def cluster_emulate(count, subnet, stop_, images_, no_images, halt, resume):
     own dockerd (socket /run/lcm-mN.sock; its data root /var/lib/labctl/machines/mN is kept, so
     images copied once stay). m1 manages the Swarm. They are recorded as labctl's cluster, so
     `placement:` in a lab file can name m1..mN. `--stop` removes exactly what was made.
+
+    \b
+    Example:
+      sudo labctl cluster emulate 3
+      sudo labctl cluster emulate --halt m3      # m3 goes away (its engine stops answering)
+      sudo labctl cluster emulate --stop
     """
     from labctl.cluster import emulate
     from labctl.lifecycle.labs import require_root
@@ -127,7 +133,12 @@ def _machine_options(f):
 @cluster.command("init")
 @_machine_options
 def cluster_init(name, engine_url, address):
-    """Form a Swarm with this machine as its manager, and record it."""
+    """Form a Swarm with this machine as its manager, and record it.
+
+    \b
+    Example:
+      sudo labctl cluster init --name a --engine unix:///var/run/docker.sock --address 192.168.1.1
+    """
     from labctl.cluster import machines as mrec
     from labctl.cluster import swarm
     from labctl.errors import LabError
@@ -147,7 +158,12 @@ def cluster_init(name, engine_url, address):
 @cluster.command("join")
 @_machine_options
 def cluster_join(name, engine_url, address):
-    """Join a machine to the recorded manager's Swarm, label it, and record it."""
+    """Join a machine to the recorded manager's Swarm, label it, and record it.
+
+    \b
+    Example:
+      sudo labctl cluster join --name b --engine ssh://root@hostb --address 192.168.1.2
+    """
     from labctl.cluster import machines as mrec
     from labctl.cluster import swarm
     from labctl.errors import LabError
@@ -214,16 +230,26 @@ def _status_table(as_json: bool) -> None:
 
 
 @cluster.command("status")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="print it as JSON, for scripts")
 def cluster_status(as_json):
-    """The machines: engine, address, Swarm role and state, lab containers running on each."""
+    """The machines: engine, address, Swarm role and state, lab containers running on each.
+
+    \b
+    Example:
+      labctl cluster status
+    """
     _status_table(as_json)
 
 
 @cluster.command("leave")
 @click.argument("name")
 def cluster_leave(name):
-    """Make machine NAME leave the Swarm, and forget it (a manager leaves last: use reset)."""
+    """Make machine NAME leave the Swarm, and forget it (a manager leaves last: use reset).
+
+    \b
+    Example:
+      sudo labctl cluster leave b
+    """
     from labctl.cluster import machines as mrec
     from labctl.cluster import swarm
     from labctl.errors import LabError
@@ -251,7 +277,12 @@ def cluster_leave(name):
 
 @cluster.command("reset")
 def cluster_reset():
-    """Every known machine leaves the Swarm (those that answer), and labctl forgets them all."""
+    """Every known machine leaves the Swarm (those that answer), and labctl forgets them all.
+
+    \b
+    Example:
+      sudo labctl cluster reset
+    """
     from labctl.cluster import emulate
     from labctl.cluster import machines as mrec
     from labctl.cluster import swarm

@@ -27,7 +27,12 @@ def engine():
 
 @engine.command("start")
 def engine_start():
-    """Start dockerd (if no engine answers) and keep it running."""
+    """Start dockerd (if no engine answers) and keep it running.
+
+    \b
+    Example:
+      sudo labctl engine start     # kept until `labctl engine stop`, whatever labs come and go
+    """
     from labctl.containers import engine as eng
     from labctl.lifecycle.labs import require_root
     require_root("labctl engine start")
@@ -40,7 +45,12 @@ def engine_start():
 @engine.command("stop")
 @click.option("--force", is_flag=True, help="stop it even if containers still run on it")
 def engine_stop(force):
-    """Stop the dockerd that labctl started (never one it did not start)."""
+    """Stop the dockerd that labctl started (never one it did not start).
+
+    \b
+    Example:
+      sudo labctl engine stop
+    """
     from labctl.containers import engine as eng
     from labctl.lifecycle.labs import require_root
     require_root("labctl engine stop")
@@ -49,9 +59,14 @@ def engine_stop(force):
 
 
 @engine.command("status")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="print it as JSON, for scripts")
 def engine_status(as_json):
-    """Is an engine answering, and did labctl start it?"""
+    """Is an engine answering, and did labctl start it?
+
+    \b
+    Example:
+      labctl engine status
+    """
     from labctl.containers import engine as eng
     st = eng.status()
     if as_json:
@@ -75,6 +90,11 @@ def image():
       labctl image list
     A node uses one with `image: labctl/host`. Builds are cached by content: building again
     does nothing until the recipe changes (--force rebuilds).
+
+    \b
+    Example:
+      labctl image list
+      sudo labctl image build frr
     """
 
 
@@ -83,7 +103,13 @@ def image():
 @click.option("--force", is_flag=True, help="build again even if the image is present")
 @click.option("--mirror", help="the Debian mirror (default: $LABCTL_DEBIAN_MIRROR or deb.debian.org)")
 def image_build(name, force, mirror):
-    """Build image NAME (host or frr) with debootstrap and `docker import`."""
+    """Build image NAME (host or frr) with debootstrap and `docker import`.
+
+    \b
+    Example:
+      sudo labctl image build host       # about a minute from a local Debian mirror
+      sudo labctl image build frr --force
+    """
     from labctl.containers import images
     from labctl.lifecycle.labs import require_root
     require_root("labctl image build")
@@ -96,7 +122,12 @@ def image_build(name, force, mirror):
 
 @image.command("list")
 def image_list():
-    """The images labctl can build, and whether each is in the engine."""
+    """The images labctl can build, and whether each is in the engine.
+
+    \b
+    Example:
+      labctl image list
+    """
     from labctl.containers import images
     t = Table()
     for col in ("name", "image", "present", "what"):

@@ -18,7 +18,7 @@ from labctl.errors import LabError
 @click.option("--rate", default="400G", show_default=True, help="each GPU's scale-out NIC (and every fabric link)")
 @click.option("--nvlink", default="7200G", show_default=True, help="each GPU's scale-up rate, one way (7200G: NVLink 5; 3600G: NVLink 4; 0: none)")
 @click.option("--collective", type=click.Choice(["all_reduce", "reduce_scatter", "all_gather", "hier_all_reduce"]),
-              default="hier_all_reduce", show_default=True)
+              default="hier_all_reduce", show_default=True, help="the collective to model")
 @click.option("--size", default="1GB", show_default=True, help="the buffer, as nccl-tests' size")
 @click.option("--ranks", default="all", show_default=True, help="all, rail (GPU 0 of every server) or a number")
 @click.option("--qps", type=click.IntRange(1, 8), default=1, show_default=True, help="QPs per connection")
@@ -89,13 +89,14 @@ def estimate(gpus, gpus_per_server, radix, rate, nvlink, collective, size, ranks
     cal = calibration.load(path)
     if check:
         rows, ok = report.check_runs(list(check), cal)
+        allowed = report.allowed_error(cal)
         if as_json:
             click.echo(json.dumps({"rows": rows, "max_error": cal["max_error"], "ok": ok}, indent=1))
         else:
             for r in rows:
                 click.echo(f"{r['run']}: {r['collective']} {r['size']:,} B over {r['ranks']} ranks: measured "
                            f"{r['measured_s']:.3f} s, model {r['predicted_s']:.3f} s ({r['error']:+.1%}, "
-                           f"{'within' if r['within'] else 'OUTSIDE'} the calibration's {cal['max_error']:.0%}; "
+                           f"{'within' if r['within'] else 'OUTSIDE'} the {allowed:.1%} allowed; "
                            f"ECMP placement {r['placement']})")
             click.echo(report.calibration_line(cal))
         if not ok:

@@ -168,7 +168,8 @@ def pingall(lab, fabric, sample, seed):
 @click.argument("bpf", nargs=-1, metavar="[-- FILTER]")
 @click.option("-w", "out", default=None, help="pcapng file to write ('-' for stdout); default NODE_PORT.pcapng")
 @click.option("--snaplen", type=int, default=128, show_default=True,
-              help="bytes kept per frame: 128 keeps all RoCE headers (BTH, RETH, AETH); 0 = whole frames")
+              help="bytes kept per frame: 128 keeps all RoCE headers (BTH, RETH, AETH), though Wireshark's "
+                   "summary then calls cut frames malformed; 0 = whole frames")
 @click.option("--lab", "lab_name", help="the lab (needed when several are up)")
 def capture(target, bpf, out, snaplen, lab_name):
     """Capture a lab port to pcapng (Ctrl-C stops), or stream it into Wireshark.
@@ -225,7 +226,7 @@ def lb_cmd(settings, lab_name):
     TARGET is all, a tier (leaf: routers with an end host below them, spine: the others) or a
     router; MODE is ecmp, ecmp-qp, flowlet:GAP (fabric time, e.g. flowlet:50us), spray or
     adaptive. The lab must name lb: in its file (routing.lb: ecmp keeps today's hashing): that is
-    what puts labctl's program on every router. Without SETTINGS, each router's mode.
+    what puts labctl's program on every router. Without TARGET=MODE, each router's mode.
 
     \b
     Example:

@@ -8,6 +8,7 @@ import click
 from rich.table import Table
 
 from labctl import backends
+from labctl.errors import LabError
 from labctl.cli.base import (SET_HELP, TEMPLATES_HELP, TOPO_HELP, clab_map_options, clab_maps, cli, err, hosts_list,
                              out, placement_options)
 
@@ -98,12 +99,17 @@ def down(lab):
       sudo labctl down ls
     """
     from labctl import lifecycle as labmod
+    from labctl.lifecycle.labs import find_lab
+    try:
+        name = find_lab(lab).name       # `down FILE` names the lab it built, not the file
+    except LabError:
+        name = lab                      # down says why, below
     removed = labmod.down(lab)
-    out.print(f"lab {lab}: removed {len(removed)} namespaces", highlight=False)
+    out.print(f"lab {name}: removed {len(removed)} namespaces", highlight=False)
 
 
 @cli.command()
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="print it as JSON, for scripts")
 def doctor(as_json):
     """Check this machine: root, kernel features, tools, and which mechanism each feature uses here.
 

@@ -160,7 +160,7 @@ def _export_options(f):
 
 @cli.command()
 @click.option("--format", "fmt", default="dot", show_default=True, metavar="FORMAT",
-              help="dot, mermaid, json, mininet or clab (`labctl export --help` lists them)")
+              help="dot, mermaid, json, mininet or clab (each is described below)")
 @click.option("--strict", is_flag=True, help="clab: refuse a lab that uses what containerlab cannot express "
                                              "(the PFC/ECN controller, the WAN line, dilation)")
 @click.option("--out", "out_dir", metavar="DIR", help="clab: write a directory that carries the fabric: the "
@@ -206,7 +206,8 @@ def export(source, fmt, sets, topo, strict, out_dir):
 
 
 @cli.command()
-@click.option("--format", "fmt", type=click.Choice(["dot", "mermaid"]), default="dot", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["dot", "mermaid"]), default="dot", show_default=True,
+              help="Graphviz dot (draw it with `dot -Tpng`, from the graphviz package) or Mermaid")
 @_export_options
 def graph(source, fmt, sets, topo):
     """Draw a lab as Graphviz dot or Mermaid (the same as `labctl export --format dot|mermaid`).

@@ -25,8 +25,8 @@ def _target(spec: str, lab_name: str | None, need_iface: bool):
 
 def _queue_table(rows: list[dict], title: str) -> Table:
     t = Table(title=title)
-    for col in ("node", "port", "class", "dscp", "rate / ceil", "buffer", "depth", "sent", "drops", "ECN p",
-                "CE marked", "PFC (XOFF)", "PFC tx/rx", "paused"):
+    for col in ("node", "port", "class", "dscp", "rate / ceil", "buffer", "depth", "sent", "drops",
+                "ECN Kmin-Kmax / Pmax", "ECN p", "CE marked", "PFC (XOFF)", "PFC tx/rx", "paused"):
         t.add_column(col)
     for r in rows:
         pfc = "-" if not r["lossless"] else (f"on ({r['xoff_bytes'] // 1024} KiB)" if r["pfc"] else "off")
@@ -34,6 +34,7 @@ def _queue_table(rows: list[dict], title: str) -> Table:
                   ",".join(map(str, r["dscp"])) or "other", f"{format_rate(r['rate_bps'])} / "
                   f"{format_rate(r['ceil_bps'])}", f"{r['buffer_bytes'] // 1024} KiB", f"{r['depth_bytes']} B",
                   f"{r['sent_packets']} pkt", str(r["drops"]),
+                  f"{r['kmin'] // 1000}-{r['kmax'] // 1000} KB / {r['pmax']:g}" if r["ecn"] else "-",
                   "-" if r["mark_probability"] is None else f"{r['mark_probability']:.3f}",
                   str(r["ecn_marked"]) if r["ecn"] else "-", pfc,
                   f"{r['pfc_tx']}/{r['pfc_rx']}" if "pfc_tx" in r else "-",
@@ -43,13 +44,19 @@ def _queue_table(rows: list[dict], title: str) -> Table:
 
 @cli.group()
 def tc():
-    """Show or change a port's traffic classes, rates and queues while the lab runs."""
+    """Show or change a port's traffic classes, rates and queues while the lab runs.
+
+    \b
+    Example:
+      sudo labctl tc show leaf1
+      sudo labctl tc set leaf1:spine1 --rate 50M
+    """
 
 
 @tc.command("show")
 @click.argument("target", metavar="NODE[:PORT]")
 @click.option("--lab", "lab_name", help="the lab (needed when several are up)")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="print it as JSON, for scripts")
 def tc_show(target, lab_name, as_json):
     """Classes (DSCP, rate, ceil, buffer, lossless, ECN) with live depth, counters and marking.
 
@@ -70,8 +77,9 @@ def tc_show(target, lab_name, as_json):
         click.echo(json.dumps({"ecn": vars(plan.ecn), "controller_reaction": react, "queues": rows}, indent=1))
         return
     scaled = f" at {plan.ecn.rate_bps / 1e9:g}G, scaled to each port's rate" if plan.ecn.rate_bps else ""
-    out.print(_queue_table(rows, f"{node.name} in lab {plan.lab}: ECN Kmin {plan.ecn.kmin} B, "
-                                 f"Kmax {plan.ecn.kmax} B{scaled}, Pmax {plan.ecn.pmax}"))
+    out.print(_queue_table(rows, f"{node.name} in lab {plan.lab}; the lab's ECN profile: Kmin {plan.ecn.kmin} B, "
+                                 f"Kmax {plan.ecn.kmax} B{scaled}, Pmax {plan.ecn.pmax} (each class's, as in force, "
+                                 "in its row)"))
     if any(r["lossless"] for r in rows):
         out.print(reaction.describe(react) + ", since the lab came up", highlight=False)
 

@@ -1,0 +1,51 @@
+"""Why a run was slow (traffic/causes.py): each cause with its share, from the run's own counters.
+Pure logic, no root."""
+from __future__ import annotations
+
+from labctl.traffic import causes
+from labctl.traffic.placement import collision_note
+
+
+def doc(time_s: float, bandwidth_s: float, hops=None) -> dict:
+    d = {"results": [{"time_s": time_s, "ideal_s": bandwidth_s + 0.01,
+                      "bound": {"bandwidth_s": bandwidth_s, "alpha_s": 0.01, "propagation_s": 0.0},
+                      "per_rank": {"0": {"bytes_sent": 10_000_000}, "1": {"bytes_sent": 10_000_000}}}],
+         "ranks": [0, 1], "loss_ledger": {"total": 0}}
+    if hops is not None:
+        d["ring_placement"] = {"hops": hops, "note": collision_note(hops)}
+    return d
+
+
+def hop(a: str, b: str, spine: str) -> dict:
+    return {"from": a, "to": b, "spine": spine, "sport": 49152, "links": [f"leaf1:{spine}"]}
+
+
+def test_a_collision_explains_its_share_and_the_cpu_is_not_blamed_for_it(tmp_path):
+    # two ring hops on one spine: the ring takes twice its bandwidth time, all of it ECMP's
+    hops = [hop("g0", "g4", "spine1"), hop("g1", "g5", "spine1"), hop("g2", "g6", "spine2")]
+    out = causes.explain(doc(2.02, 1.0, hops), tmp_path / "none.csv")
+    assert out is not None and len(out["causes"]) == 1, out
+    assert out["causes"][0].startswith("ECMP collision, about 1.00 s (50% of the run): ECMP put ring hops"), out
+    # the same run with more time than the collision accounts for: the rest is named too
+    out = causes.explain(doc(3.0, 1.0, hops), tmp_path / "none.csv")
+    assert [c.split(":")[0] for c in out["causes"]] == ["ECMP collision, about 1.00 s (33% of the run)",
+                                                       "the CPU ceiling of this machine"], out
+    assert "the other 0.99 s (33% of the run)" in out["causes"][1]
+
+
+def test_no_collision_no_ecmp_cause(tmp_path):
+    hops = [hop("g0", "g4", "spine1"), hop("g1", "g5", "spine2")]
+    out = causes.explain(doc(2.0, 1.0, hops), tmp_path / "none.csv")
+    assert [c.split(":")[0] for c in out["causes"]] == ["the CPU ceiling of this machine"], out
+
+
+def test_pauses_count_the_run_alone_not_the_lab_since_up(tmp_path):
+    csv = tmp_path / "queues.csv"
+    csv.write_text("t_s,node,port,class,tc,depth_bytes,sent_bytes,sent_packets,drops,ecn_marked,pfc_tx,pfc_rx,paused_s\n"
+                   "0.0,leaf1,g0,roce,3,0,0,0,0,0,500,0,47.0\n"
+                   "0.5,leaf1,g0,roce,3,0,0,0,0,0,560,0,47.25\n"
+                   "0.0,leaf1,g1,roce,3,0,0,0,0,0,10,0,1.0\n"
+                   "0.5,leaf1,g1,roce,3,0,0,0,0,0,12,0,1.5\n")
+    assert causes.pauses(csv) == (62, 0.5)
+    out = causes.explain(doc(2.0, 1.0), csv)
+    assert "pauses: 62 PFC frames sent; the longest-held class waited 0.50 s" in out["causes"], out
