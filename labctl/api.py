@@ -75,9 +75,14 @@ class Node:
 
 
 class Lab:
-    def __init__(self, source: str | Path | Topology, name: str | None = None, vars: dict | None = None,
-                 backend: str = "netns"):
-        self.source, self.backend_name = source, backend
+    def __init__(self, source: str | Path | Topology | None = None, name: str | None = None, vars: dict | None = None,
+                 backend: str = "netns", topo: str | None = None, trust: bool = False):
+        """`source`: a lab file, or a Topology; `topo`: a Mininet topology, Mininet's own (`linear,3`,
+        no source) or one in the Mininet file `source` (`mytopo`, as `mn --custom FILE --topo mytopo`);
+        `trust`: run the lab's powerful lines, or read a Mininet file root does not own alone."""
+        if source is None and topo is None:
+            raise TypeError("give a lab file, a Topology, or topo= (a Mininet topology)")
+        self.source, self.backend_name, self.topo, self.trust = source, backend, topo, trust
         self.sets = [f"{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}"
                      for k, v in (vars or {}).items()]
         self._name = name
@@ -102,8 +107,9 @@ class Lab:
             loaded = load_topology_text(self.source.yaml(), f"<Topology {self.source.name}>", self._name)
             self.plan, self.record, _ = lifecycle.build(loaded, self.backend_name)
         else:
-            self.plan, self.record, _ = lifecycle.up(str(self.source), self.sets, self._name,
-                                                     backend=self.backend_name)
+            self.plan, self.record, _ = lifecycle.up(None if self.source is None else str(self.source), self.sets,
+                                                     self._name, backend=self.backend_name, topo=self.topo,
+                                                     trust=self.trust)
         return self
 
     def down(self) -> None:

@@ -55,3 +55,40 @@ def new_run_dir(path: Path, option: str = "--out") -> Path:
     except FileExistsError:
         raise LabError(f"{option} {path} appeared while labctl made it", "give a new directory for the run") from None
     return path
+
+
+def untrusted(paths: list[Path]) -> list[str]:
+    """Why these files (and their directories) are not trusted: owned or writable by someone but root."""
+    reasons = []
+    for p in paths:
+        for q in _with_parent(p):
+            why = _unsafe(q)
+            if why and why not in reasons:
+                reasons.append(why)
+    return reasons
+
+
+def _with_parent(p: Path) -> list[Path]:
+    out = [p]
+    try:
+        out.append(p.resolve().parent)
+        if p.is_symlink():
+            out.append(p.resolve())
+    except OSError:
+        pass
+    return out
+
+
+def _unsafe(p: Path) -> str | None:
+    try:
+        st = os.lstat(p)
+    except OSError:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        return None if st.st_uid == 0 else f"{p} is a symlink owned by uid {st.st_uid}"
+    if st.st_uid != 0:
+        return f"{p} is owned by uid {st.st_uid}, not root"
+    sticky = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not sticky:
+        return f"{p} is writable by {'others' if st.st_mode & stat.S_IWOTH else 'its group'}"
+    return None

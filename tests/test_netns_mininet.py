@@ -221,7 +221,8 @@ def test_mininet_topologies_come_up_and_reach_every_pair(file, topo, pairs, stat
         tried, failed = labmod.pingall(plan)
         assert (tried, failed) == (pairs, [])
     finally:
-        labmod.down(lab_name)
+        # by its file, as `labctl down FILE` (found from the lab's record: the .py is not run again)
+        labmod.down(str(file) if file else lab_name)
     assert lab_namespaces(lab_name + "-") == []
 
 
@@ -243,3 +244,15 @@ def test_mininet_link_delay_and_loss_reach_the_wire(state_dir, lab_name):
     # 1 - 0.9^4 = 34 % lost; binomial sd for 200 pings is 3.4 %: 4 sd either side
     assert 200 * (0.344 - 0.136) <= 200 - received <= 200 * (0.344 + 0.136), received
     assert 20.0 <= rtt_min <= 30.0, rtt_min
+
+
+def test_the_api_builds_a_mininet_topology(state_dir, lab_name):
+    """Lab(topo=...) as `mn --topo`, and Lab(FILE, topo=NAME) as `mn --custom FILE --topo NAME`."""
+    require_root()
+    from labctl.api import Lab
+    with Lab(topo="linear,2", name=lab_name) as lab:
+        assert sorted(n.name for n in lab.plan.nodes) == ["h1", "h2", "s1", "s2"]
+        assert lab.pingall() == 0
+    with Lab(ROOT / "tests" / "topologies" / "mininet" / "topo-2sw-2host.py", name=lab_name, topo="mytopo") as lab:
+        assert lab.pingall() == 0
+    assert lab_namespaces(lab_name + "-") == []

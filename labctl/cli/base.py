@@ -25,6 +25,10 @@ IMAGE_MAP_HELP = ("containerlab files: run a public image as a local one, e.g. -
                   "(well-known images are mapped by default, with a note); repeatable")
 
 
+TOPO_TRUST_HELP = ("with --topo FILE: read (run) a Mininet topology file that is not root's alone; labctl runs "
+                   "it as root to read it, as `mn --custom` does")
+
+
 def clab_maps(kind_map, image_map):
     """The ImportMaps of --kind-map and --image-map, checked before anything is read."""
     from labctl.topology import clabmaps

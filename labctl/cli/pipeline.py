@@ -7,7 +7,7 @@ import shlex
 import click
 from rich.table import Table
 
-from labctl.cli.base import (SET_HELP, TEMPLATES_HELP, TOPO_HELP, clab_map_options, clab_maps, cli, hosts_list, out,
+from labctl.cli.base import (SET_HELP, TEMPLATES_HELP, TOPO_HELP, TOPO_TRUST_HELP, clab_map_options, clab_maps, cli, hosts_list, out,
                              placement_options)
 from labctl.errors import LabError
 
@@ -17,8 +17,9 @@ from labctl.errors import LabError
 @click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help=SET_HELP)
 @click.option("--templates", "template_dirs", multiple=True, type=click.Path(file_okay=False), help=TEMPLATES_HELP)
 @click.option("--topo", help=TOPO_HELP)
+@click.option("--trust", is_flag=True, help=TOPO_TRUST_HELP)
 @clab_map_options
-def render(file, sets, template_dirs, topo, kind_map, image_map):
+def render(file, sets, template_dirs, topo, trust, kind_map, image_map):
     """Print the full lab YAML a file expands to (its template rendered with its vars).
 
     \b
@@ -28,7 +29,7 @@ def render(file, sets, template_dirs, topo, kind_map, image_map):
       labctl render clos01.clab.yml --kind-map nokia_srlinux=frr   # a containerlab file, NOS nodes on FRR
     """
     from labctl.topology import sources
-    click.echo(sources.render(file, sets, template_dirs, topo, clab_maps(kind_map, image_map)), nl=False)
+    click.echo(sources.render(file, sets, template_dirs, topo, clab_maps(kind_map, image_map), trust), nl=False)
 
 
 @cli.command()
@@ -37,10 +38,11 @@ def render(file, sets, template_dirs, topo, kind_map, image_map):
 @click.option("--name", help="the lab name (default: the file's name:)")
 @click.option("--templates", "template_dirs", multiple=True, type=click.Path(file_okay=False), help=TEMPLATES_HELP)
 @click.option("--topo", help=TOPO_HELP)
+@click.option("--trust", is_flag=True, help=TOPO_TRUST_HELP)
 @click.option("--json", "as_json", is_flag=True, help="print the whole plan as JSON (what `up` would build)")
 @clab_map_options
 @placement_options
-def plan(file, sets, name, template_dirs, topo, as_json, kind_map, image_map, hosts, spread):
+def plan(file, sets, name, template_dirs, topo, trust, as_json, kind_map, image_map, hosts, spread):
     """Compile a lab into its concrete plan without building it (no root needed).
 
     Shows every namespace, port, address and route, and the lab's powerful lines (exec on the
@@ -58,7 +60,7 @@ def plan(file, sets, name, template_dirs, topo, as_json, kind_map, image_map, ho
     from labctl.units import format_rate
     from labctl.dataplane import arrivals
     from labctl.plan import trust
-    loaded = sources.load(file, sets, template_dirs, name, topo, clab_maps(kind_map, image_map))
+    loaded = sources.load(file, sets, template_dirs, name, topo, clab_maps(kind_map, image_map), trust)
     if hosts:
         from labctl.topology.placement import apply_hosts
         apply_hosts(loaded, hosts_list(hosts), spread)
@@ -154,6 +156,7 @@ def _agent_places(p) -> dict[str, str]:
 
 def _export_options(f):
     f = click.option("--topo", help=TOPO_HELP)(f)
+    f = click.option("--trust", is_flag=True, help=TOPO_TRUST_HELP)(f)
     f = click.option("--set", "sets", multiple=True, metavar="KEY=VALUE", help=SET_HELP)(f)
     return click.argument("source", metavar="FILE|LAB", required=False)(f)
 
@@ -166,7 +169,7 @@ def _export_options(f):
 @click.option("--out", "out_dir", metavar="DIR", help="clab: write a directory that carries the fabric: the "
               "topology, each node's share of the plan and labctl's agent code (PFC, ECN, classes)")
 @_export_options
-def export(source, fmt, sets, topo, strict, out_dir):
+def export(source, fmt, sets, topo, trust, strict, out_dir):
     """Write a lab out for another tool: a topology file, or a running lab's record.
 
     \b
@@ -192,7 +195,7 @@ def export(source, fmt, sets, topo, strict, out_dir):
     labctl's classes, pauses and ECN marking, each agent reporting to DIR/agents/NODE/pfc.json.
     """
     from labctl import exports
-    plan = exports.plan_of(source, sets, topo)
+    plan = exports.plan_of(source, sets, topo, trust)
     if out_dir is not None:
         if fmt != "clab":
             raise click.UsageError("--out is for --format clab (the others print one file)")
@@ -209,7 +212,7 @@ def export(source, fmt, sets, topo, strict, out_dir):
 @click.option("--format", "fmt", type=click.Choice(["dot", "mermaid"]), default="dot", show_default=True,
               help="Graphviz dot (draw it with `dot -Tpng`, from the graphviz package) or Mermaid")
 @_export_options
-def graph(source, fmt, sets, topo):
+def graph(source, fmt, sets, topo, trust):
     """Draw a lab as Graphviz dot or Mermaid (the same as `labctl export --format dot|mermaid`).
 
     \b
@@ -218,7 +221,7 @@ def graph(source, fmt, sets, topo):
       labctl graph ls --format mermaid
     """
     from labctl import exports
-    click.echo(exports.export(exports.plan_of(source, sets, topo), fmt), nl=False)
+    click.echo(exports.export(exports.plan_of(source, sets, topo, trust), fmt), nl=False)
 
 
 @cli.command()

@@ -32,7 +32,7 @@ def export(plan: LabPlan, fmt: str, strict: bool = False) -> str:
     return FORMATS[fmt][0](plan, strict=True) if strict else FORMATS[fmt][0](plan)
 
 
-def plan_of(source: str | None, sets=(), topo: str | None = None) -> LabPlan:
+def plan_of(source: str | None, sets=(), topo: str | None = None, trust: bool = False) -> LabPlan:
     """A running lab's recorded plan if `source` names one, else the plan compiled from a file (or a
     Mininet topology with `topo`)."""
     from labctl import state
@@ -43,4 +43,4 @@ def plan_of(source: str | None, sets=(), topo: str | None = None) -> LabPlan:
             return load_plan(lab)
     from labctl.plan.compile import compile_plan
     from labctl.topology import sources
-    return compile_plan(sources.load(source, sets, topo=topo))
+    return compile_plan(sources.load(source, sets, topo=topo, trust=trust))

@@ -29,7 +29,7 @@ def up(file: str | None, sets=(), name: str | None = None, template_dirs=(), bac
     (topology.clabmaps.ImportMaps) maps a containerlab file's kinds and images; `trust` vouches for
     a lab whose powerful lines (plan/trust.py) come from files root does not own; `hosts` places
     its nodes over those machines by the `spread` rule (topology/placement.py)."""
-    loaded = sources.load(file, sets, template_dirs, name, topo, maps)
+    loaded = sources.load(file, sets, template_dirs, name, topo, maps, trust)
     if hosts:
         from labctl.topology.placement import apply_hosts
         apply_hosts(loaded, hosts, spread)

@@ -27,11 +27,10 @@ container runtime's socket, and a relative path or symlink that leaves the lab's
 """
 from __future__ import annotations
 
-import os
-import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from labctl import paths as paths_module
 from labctl.errors import InputError, Where
 
 OWN_IMAGES = ("labctl/",)          # images `labctl image build` makes from Debian packages
@@ -86,13 +85,7 @@ def untrusted(loaded) -> list[str]:
             if k >= MAX_TEMPLATE_FILES:
                 return [f"{root}: more than {MAX_TEMPLATE_FILES} files in the template tree"]
             paths.append(p)
-    reasons = []
-    for p in paths:
-        for q in _with_parent(p):
-            why = _unsafe(q)
-            if why and why not in reasons:
-                reasons.append(why)
-    return reasons
+    return paths_module.untrusted(paths)
 
 
 def require(loaded, trusted_by_flag: bool) -> list[Powerful]:
@@ -115,29 +108,3 @@ def require(loaded, trusted_by_flag: bool) -> list[Powerful]:
 
 def as_dicts(lines: list[Powerful]) -> list[dict]:
     return [asdict(p) for p in lines]
-
-
-def _with_parent(p: Path) -> list[Path]:
-    out = [p]
-    try:
-        out.append(p.resolve().parent)
-        if p.is_symlink():
-            out.append(p.resolve())
-    except OSError:
-        pass
-    return out
-
-
-def _unsafe(p: Path) -> str | None:
-    try:
-        st = os.lstat(p)
-    except OSError:
-        return None
-    if stat.S_ISLNK(st.st_mode):
-        return None if st.st_uid == 0 else f"{p} is a symlink owned by uid {st.st_uid}"
-    if st.st_uid != 0:
-        return f"{p} is owned by uid {st.st_uid}, not root"
-    sticky = stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not sticky:
-        return f"{p} is writable by {'others' if st.st_mode & stat.S_IWOTH else 'its group'}"
-    return None

@@ -8,11 +8,22 @@ labctl. Loading a custom file runs its Python, so labctl runs this only when ask
 
     python3 mininet_topo.py FILE.py|- NAME[,ARGS]
     {"hosts": ["h1", ...], "switches": ["s1", ...],
-     "links": [{"a": "h1", "b": "s1", "bw": 10, "delay": "5ms", "loss": 1}, ...]}
+     "links": [{"a": "h1", "b": "s1", "bw": 10, "delay": "5ms", "loss": 1}, ...],
+     "ignored": {"r0": ["cls", "ip"], ...}}
+    or, when the file fails: {"error": "ValueError: ...", "line": 12}
+
+The file's own output (print, logging to stdout) goes to stderr, so that it reaches the user as
+`mn --custom` would show it, and the JSON alone is on stdout.
 """
 import json
+import os
 import runpy
 import sys
+import traceback
+
+# what labctl carries over from a link's options; a node's options it does not (their names are reported)
+LINK_KEYS = ("bw", "delay", "loss", "jitter")
+NODE_KEYS_READ = ("isSwitch",)
 
 
 def topo_class(source, name):
@@ -22,30 +33,61 @@ def topo_class(source, name):
     from mininet.topolib import TreeTopo
     known = {"single": SingleSwitchTopo, "linear": LinearTopo, "tree": TreeTopo}
     if source != "-":
-        module = runpy.run_path(source)
+        module = runpy.run_path(source)       # __name__ is not "__main__": a script's main part does not run
         known.update({k: v for k, v in module.items()
                       if isinstance(v, type) and issubclass(v, Topo) and v.__module__ == "<run_path>"})
         topos = module.get("topos")
         if isinstance(topos, dict):
             known.update(topos)
     if name not in known:
-        raise SystemExit(f"no topology {name!r} in {source}: there are {', '.join(sorted(known))}")
+        raise LookupError(f"no topology {name!r} in {'Mininet' if source == '-' else source}: there are "
+                          f"{', '.join(sorted(known))}")
     return known[name]
 
 
-def main():
-    source, spec = sys.argv[1], sys.argv[2]
+def read(source, spec):
     from mininet.util import splitArgs
     name, args, kwargs = splitArgs(spec)          # as `mn --topo NAME,ARG,KEY=VALUE` reads it
     topo = topo_class(source, name)(*args, **kwargs)
     links = []
     for a, b, info in topo.links(sort=True, withInfo=True):
         link = {"a": a, "b": b}
-        for key in ("bw", "delay", "loss", "jitter"):
+        for key in LINK_KEYS:
             if info.get(key) is not None:
                 link[key] = info[key]
+        dropped = sorted(k for k, v in info.items() if k not in LINK_KEYS + ("node1", "node2", "port1", "port2")
+                         and v is not None)
+        if dropped:
+            link["ignored"] = dropped
         links.append(link)
-    print(json.dumps({"hosts": topo.hosts(sort=True), "switches": topo.switches(sort=True), "links": links}))
+    ignored = {}
+    for node in topo.nodes(sort=True):
+        keys = sorted(k for k in topo.nodeInfo(node) if k not in NODE_KEYS_READ)
+        if keys:
+            ignored[node] = keys
+    return {"hosts": topo.hosts(sort=True), "switches": topo.switches(sort=True), "links": links,
+            "ignored": ignored}
+
+
+def main():
+    source, spec = sys.argv[1], sys.argv[2]
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)                 # the file's own prints go to stderr; the JSON alone to `out`
+    sys.stdout = sys.stderr
+    try:
+        doc = read(source, spec)
+    except SystemExit as exc:     # a file that calls exit() while labctl reads it
+        doc = {"error": f"the file called exit({exc.code!r}) while it was read"}
+    except BaseException as exc:  # the file's own error: its last line in the file, for a located message
+        line = None
+        if isinstance(exc, SyntaxError) and exc.filename == source:
+            line = exc.lineno
+        for frame in traceback.extract_tb(exc.__traceback__):
+            if frame.filename == source:
+                line = frame.lineno
+        doc = {"error": f"{type(exc).__name__}: {exc}", "line": line}
+    out.write(json.dumps(doc))
+    out.flush()
 
 
 if __name__ == "__main__":

@@ -11,8 +11,12 @@ the delay, since this kernel may have no netem.
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import yaml
@@ -24,12 +28,16 @@ from labctl.topology.load import Loaded, load_topology, load_topology_text, rend
 SYSTEM_PYTHON = "/usr/bin/python3"
 READER = Path(__file__).with_name("mininet_topo.py")
 MININET_DEFAULT_RATE = "1G"      # an unshaped Mininet link; labctl shapes every link, so this is its rate
+READ_TIMEOUT_S = 60
 
 
 def load(file: str | None, sets=(), template_dirs=(), name: str | None = None, topo: str | None = None,
-         maps=None) -> Loaded:
+         maps=None, trust: bool = False) -> Loaded:
+    """The lab a file (or a Mininet topology, with `topo`) describes; `trust` vouches for a Mininet
+    file that root does not own alone (reading it runs it)."""
     if topo is not None:
-        return load_topology_text(mininet_yaml(file, topo, name), origin(file, topo))
+        _no_sets(sets, template_dirs)
+        return load_topology_text(mininet_yaml(file, topo, name, trust), origin(file, topo))
     if file is None:
         raise InputError(Where("labctl"), "no lab file given", "give a lab file, or --topo NAME for a Mininet topology")
     if str(file).endswith(".py"):
@@ -39,38 +47,121 @@ def load(file: str | None, sets=(), template_dirs=(), name: str | None = None, t
     return load_topology(file, sets, template_dirs, name, maps)
 
 
-def render(file: str | None, sets=(), template_dirs=(), topo: str | None = None, maps=None) -> str:
+def render(file: str | None, sets=(), template_dirs=(), topo: str | None = None, maps=None,
+           trust: bool = False) -> str:
     if topo is not None:
-        return mininet_yaml(file, topo, None)
+        _no_sets(sets, template_dirs)
+        return mininet_yaml(file, topo, None, trust)
     return render_topology(file, sets, template_dirs, maps)[0]
 
 
 def origin(file: str | None, topo: str) -> str:
-    return f"{file} (Mininet topology {topo})" if file else f"Mininet topology {topo}"
+    """Where a Mininet lab's errors point: the lab file labctl made of it, which `render` prints."""
+    render = f"labctl render {file + ' ' if file else ''}--topo {topo}"
+    return f"{file} (Mininet topology {topo}, as `{render}` shows it)" if file else \
+        f"Mininet topology {topo} (as `{render}` shows it)"
 
 
-def mininet_yaml(file: str | None, topo: str, name: str | None) -> str:
+def _no_sets(sets, template_dirs) -> None:
+    if sets or template_dirs:
+        raise InputError(Where("--set" if sets else "--templates"), "--set and --templates are for labctl lab "
+                         "files; a Mininet topology takes its arguments in --topo",
+                         "e.g. --topo linear,k=2,n=3 (or render it to a lab file and --set that)")
+
+
+def mininet_yaml(file: str | None, topo: str, name: str | None, trust: bool = False) -> str:
     """The Mininet topology as a labctl lab file (what `labctl render FILE --topo NAME` prints)."""
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(,([A-Za-z_][A-Za-z0-9_]*=)?[A-Za-z0-9_.+-]+){0,8}", topo):
         raise InputError(Where("--topo"), f"{topo!r} is not NAME[,ARG...][,KEY=VALUE...] (as `mn --topo`)",
                          "e.g. --topo linear,3  --topo tree,depth=2,fanout=2  --topo mytopo")
-    if file is not None and not is_file(file):
-        raise InputError(Where(str(file)), "no such Mininet topology file", "give the path to the .py file")
+    if file is not None:
+        if not is_file(file):
+            raise InputError(Where(str(file)), "no such Mininet topology file", "give the path to the .py file")
+        if not str(file).endswith(".py"):
+            raise InputError(Where(str(file)), "--topo reads a Mininet topology from a Python file (.py), and this "
+                             "is not one", "drop --topo for a labctl lab file; give the .py file for a Mininet one")
+        _require_trust(Path(file), trust)
     if not is_file(SYSTEM_PYTHON):
         raise InputError(Where("--topo"), f"{SYSTEM_PYTHON} is missing", "install Mininet (./install.sh does)")
-    r = subprocess.run([SYSTEM_PYTHON, "-P", str(READER), str(Path(file).resolve()) if file else "-", topo],
-                       capture_output=True, text=True, timeout=120, cwd="/")
-    if r.returncode != 0:
-        why = (r.stderr.strip().splitlines() or ["it failed"])[-1]
-        raise InputError(Where(str(file) if file else "--topo"), f"cannot read Mininet topology {topo!r}: {why}",
-                         "check the name (--topo NAME or NAME,ARG,...), and that Mininet is installed (./install.sh)")
-    mn = json.loads(r.stdout)
+    mn = _read(file, topo)
+    return _lab_yaml(mn, file, topo, name)
+
+
+def _require_trust(path: Path, trust: bool) -> None:
+    """Reading a Mininet file runs it: as root, only a file root owns alone (or one vouched for)."""
+    from labctl.paths import untrusted
+    if trust or os.geteuid() != 0:
+        return
+    reasons = untrusted([path])
+    if reasons:
+        raise InputError(Where(str(path)), f"reading this Mininet topology runs its Python as root, and the file is "
+                         f"not trusted ({'; '.join(reasons[:3])})",
+                         f"read it, then make it root's and writable by no one else (sudo chown root: {path} && "
+                         "sudo chmod go-w FILE, and the same for its directory), or say you trust it: --trust")
+
+
+def _read(file: str | None, topo: str) -> dict:
+    """Run the reader (its own session, cwd /, the system Python) and take its JSON; whatever the
+    file started and left behind in that session is killed."""
+    where = Where(str(file) if file else "--topo")
+    # files, not pipes: a child the file started would hold a pipe open, and the reading would
+    # wait for it; the reader's end is what counts, and then its session is killed
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        p = subprocess.Popen([SYSTEM_PYTHON, "-P", str(READER), str(Path(file).resolve()) if file else "-", topo],
+                             stdout=out, stderr=err, text=True, cwd="/", start_new_session=True)
+        try:
+            p.wait(timeout=READ_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise InputError(where, f"reading Mininet topology {topo!r} took more than {READ_TIMEOUT_S} s, and was "
+                             "stopped", "does the file (or its build()) wait for something, or build a huge "
+                             "topology?") from None
+        finally:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)       # the reader if it hangs, and what the file left running
+            except ProcessLookupError:
+                pass
+            p.wait()
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if stderr.strip():
+        sys.stderr.write(stderr if stderr.endswith("\n") else stderr + "\n")    # the file's own output
+    try:
+        mn = json.loads(stdout)
+    except ValueError:
+        why = (stderr.strip().splitlines() or [f"the reader exited with {p.returncode}"])[-1]
+        raise InputError(where, f"cannot read Mininet topology {topo!r}: {why}",
+                         "is Mininet installed for /usr/bin/python3 (./install.sh installs it)?") from None
+    if "error" in mn:
+        raise InputError(Where(str(file), line=mn.get("line")) if file else where,
+                         f"cannot read Mininet topology {topo!r}: {mn['error']}",
+                         "check the name: --topo NAME or NAME,ARG,KEY=VALUE (the message lists the names)"
+                         if mn["error"].startswith("LookupError: no topology") else
+                         "the topology's own Python failed (as `mn --custom` would); fix it there")
+    return mn
+
+
+def _lab_yaml(mn: dict, file: str | None, topo: str, name: str | None) -> str:
+    notes: list[str] = []
+    names: dict[str, str] = {}
+    for n in mn["hosts"] + mn["switches"]:
+        ours = n.lower()
+        if ours in names.values():
+            raise InputError(Where(str(file) if file else "--topo"), f"nodes {n!r} and "
+                             f"{next(k for k, v in names.items() if v == ours)!r} are both {ours!r} in labctl",
+                             "rename one of them (labctl names are lower-case: they name namespaces)")
+        names[n] = ours
+        if ours != n:
+            notes.append(f"node {n!r} is {ours!r} here (labctl names are lower-case)")
+    for node, keys in (mn.get("ignored") or {}).items():
+        notes.append(f"{names.get(node, node)}: {', '.join(keys)} not carried over (labctl numbers and routes "
+                     "every host itself; a node class such as a router's or a NAT's is not run)")
     lab = name or _lab_name(file, topo)
-    nodes = {h: {"kind": "host"} for h in mn["hosts"]}
-    nodes.update({s: {"kind": "bridge"} for s in mn["switches"]})
+    nodes = {names[h]: {"kind": "host"} for h in mn["hosts"]}
+    nodes.update({names[s]: {"kind": "bridge"} for s in mn["switches"]})
     links = []
     for lk in mn["links"]:
-        link = {"endpoints": [lk["a"], lk["b"]]}
+        link = {"endpoints": [names.get(lk["a"], lk["a"]), names.get(lk["b"], lk["b"])]}
         if lk.get("bw"):
             link["rate"] = f"{lk['bw']}M"
         if lk.get("delay"):
@@ -79,10 +170,15 @@ def mininet_yaml(file: str | None, topo: str, name: str | None) -> str:
             link["jitter"] = str(lk["jitter"])
         if lk.get("loss"):
             link["loss"] = float(lk["loss"]) / 100
+        if lk.get("ignored"):
+            notes.append(f"link {link['endpoints'][0]}-{link['endpoints'][1]}: {', '.join(lk['ignored'])} not "
+                         "carried over")
         links.append(link)
-    doc = {"name": lab, "description": f"imported from {origin(file, topo)}", "dilation": 1,
-           "defaults": {"rate": MININET_DEFAULT_RATE}, "nodes": nodes, "links": links}
-    return f"# {origin(file, topo)}, as labctl reads it\n" + yaml.safe_dump(doc, sort_keys=False)
+    doc = {"name": lab, "description": f"imported from Mininet topology {topo}" + (f" in {file}" if file else ""),
+           "dilation": 1, "defaults": {"rate": MININET_DEFAULT_RATE}, "nodes": nodes, "links": links}
+    header = [f"# {file or 'Mininet'} (Mininet topology {topo}), as labctl reads it"] + \
+        [f"# note: {n}" for n in notes]
+    return "\n".join(header) + "\n" + yaml.safe_dump(doc, sort_keys=False)
 
 
 def _lab_name(file: str | None, topo: str) -> str:
