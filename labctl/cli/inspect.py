@@ -38,7 +38,7 @@ def status(lab, as_json):
         for d in labs:
             down = d["helpers_down"]
             t.add_row(d["lab"], str(d["status"]), f"[red]{', '.join(down)} not running[/]" if down else "ok",
-                      str(d["topology_file"]))
+                      str(d["topology_file"] or "(built from Python: labctl.Topology)"))
         out.print(t)
         return
     s = labmod.status(labmod.find_lab(lab))
@@ -157,7 +157,8 @@ def pingall(lab, fabric, sample, seed):
     of = f" (a random sample, seed {seed})" if sample else ""
     if any(not n.numbered for n in p.nodes):
         of += " (its exec lines number it: the pairs its own routing connects)"
-    click.echo(f"pingall {p.lab}: {tried - len(failed)}/{tried} pairs reachable{of}")
+    click.echo(f"pingall {p.lab}: {tried - len(failed)}/{tried} pairs reachable{of}"
+               + ("; no two end hosts share a fabric, so nothing was checked" if not tried else ""))
     if failed or not tried:
         raise SystemExit(1)
 
