@@ -94,3 +94,11 @@ def format_rate(bps: float) -> str:
         if bps >= scale:
             return f"{bps / scale:g} {unit}"
     return f"{bps:g} bit/s"
+
+
+def format_size(nbytes: float) -> str:
+    """Bytes as written in lab files (400KB, 1.5MB, 900B): decimal units, as parse_size reads them."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g}{unit}"
+    return f"{nbytes:g}B"

@@ -49,3 +49,16 @@ def test_pauses_count_the_run_alone_not_the_lab_since_up(tmp_path):
     assert causes.pauses(csv) == (62, 0.5)
     out = causes.explain(doc(2.0, 1.0), csv)
     assert "pauses: 62 PFC frames sent; the longest-held class waited 0.50 s" in out["causes"], out
+
+
+def test_the_collision_is_never_more_than_the_run_lost_and_a_hop_counts_once(tmp_path):
+    # a hop that crosses several spines (a zone's spine, then its DCI) is listed once per spine,
+    # with the same links: it shares them with no one
+    one = {"from": "z1-g1", "to": "z2-g0", "sport": 49152, "links": ["z1-dci1:z2-dci1"]}
+    out = causes.explain(doc(2.0, 1.0, [dict(one, spine=s) for s in ("z1-spine1", "z1-dci1", "z2-dci1")]),
+                         tmp_path / "none.csv")
+    assert not any(c.startswith("ECMP") for c in out["causes"]), out
+    # three hops on one link would stretch 2 s of bandwidth time; the run lost only 0.59 s
+    hops = [hop("g0", "g4", "spine1"), hop("g1", "g5", "spine1"), hop("g2", "g6", "spine1")]
+    out = causes.explain(doc(1.6, 1.0, hops), tmp_path / "none.csv")
+    assert out["causes"][0].startswith("ECMP collision, about 0.59 s (37% of the run)"), out

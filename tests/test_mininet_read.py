@@ -34,6 +34,8 @@ def test_the_files_own_prints_pass_through_and_do_not_break_the_reading(tmp_path
 @pytest.mark.parametrize("body, line, what", [
     ("class T(Topo):\n    def build(self):\n        self.addHost('h1'\n", 4, "SyntaxError"),
     ("class T(Topo):\n    def build(self):\n        raise ValueError('bad n')\ntopos = {'t': T}\n", 4, "ValueError: bad n"),
+    ("def helper():\n    return 1 / 0\nclass T(Topo):\n    def build(self):\n        helper()\ntopos = {'t': T}\n",
+     3, "ZeroDivisionError"),                                             # the deepest frame in the file
     ("import no_such_module_here\n", 2, "ModuleNotFoundError"),
     ("import sys\nsys.exit(0)\n", None, "called exit(0)"),
 ])
@@ -52,14 +54,42 @@ def test_a_name_the_file_lacks_is_listed_with_those_it_has(tmp_path):
         sources.render(str(f), topo="other")
 
 
-def test_what_the_file_leaves_running_is_stopped(tmp_path):
-    marker = tmp_path / "alive"
+def test_what_the_file_leaves_running_is_stopped_even_if_it_detached(tmp_path):
+    plain, detached = tmp_path / "plain", tmp_path / "detached"
     f = topo_file(tmp_path, "import subprocess\nsubprocess.Popen(['sh', '-c', 'sleep 3; touch %s'])\n"
+                  "subprocess.Popen(['sh', '-c', 'sleep 3; touch %s'], start_new_session=True)\n"
                   "class T(Topo):\n    def build(self):\n        self.addLink(self.addHost('h1'), self.addHost('h2'))\n"
-                  % marker)
+                  % (plain, detached))
     sources.render(str(f), topo="T")
     time.sleep(4)
-    assert not marker.exists(), "a child the file started outlived the reading"
+    assert not plain.exists(), "a child the file started outlived the reading"
+    if os.geteuid() == 0:          # as root the reader is PID 1 of its own PID namespace
+        assert not detached.exists(), "a child in a session of its own outlived the reading"
+
+
+def test_a_forked_child_or_bytes_that_are_not_text_do_not_confuse_the_reading(tmp_path):
+    f = topo_file(tmp_path, "import os, sys\nos.write(2, b'\\xff\\xfe not text\\n')\n"
+                  "if os.fork() == 0:\n    sys.exit(0)\nos.wait()\n"
+                  "class T(Topo):\n    def build(self):\n        self.addLink(self.addHost('h1'), self.addHost('h2'))\n")
+    text = sources.render(str(f), topo="T")
+    assert "h1:" in text and "h2:" in text
+
+
+def test_what_the_file_names_cannot_write_the_lab_file(tmp_path):
+    """Option names land in the rendered file's comments: a newline in one must not add lab keys."""
+    f = topo_file(tmp_path, "class T(Topo):\n    def build(self):\n"
+                  "        h = self.addHost('h1', **{'ip\\nrouting:\\n  hash_seed: 7\\n#': 1})\n"
+                  "        self.addLink(h, self.addHost('h2'))\n")
+    text = sources.render(str(f), topo="T")
+    assert "\nrouting:" not in text, text
+    assert not [line for line in text.splitlines() if line.startswith("  hash_seed")], text
+
+
+def test_two_names_that_differ_only_in_case_are_refused(tmp_path):
+    f = topo_file(tmp_path, "class T(Topo):\n    def build(self):\n        self.addLink(self.addHost('H1'), "
+                  "self.addHost('h1'))\n")
+    with pytest.raises(InputError, match="are both 'h1' in labctl"):
+        sources.render(str(f), topo="T")
 
 
 def test_a_lab_file_or_sets_with_topo_are_refused(tmp_path):
@@ -88,7 +118,20 @@ def test_a_file_root_does_not_own_alone_is_not_run_as_root_without_trust(tmp_pat
                   "class T(Topo):\n    def build(self):\n        self.addLink(self.addHost('h1'), self.addHost('h2'))\n")
     os.chmod(f, 0o666)
     if os.geteuid() == 0:
-        with pytest.raises(InputError, match="runs its Python as root, and the file is not trusted") as exc:
+        # a directory above it that someone else may write is as bad: they could swap the file's
+        # directory for another between the check and the run
+        sub = tmp_path / "d"
+        sub.mkdir()
+        g = sub / "t.py"
+        g.write_text(f.read_text())
+        os.chmod(tmp_path, 0o777)
+        try:
+            with pytest.raises(InputError, match=f"{tmp_path} is writable by others"):
+                sources.render(str(g), topo="T")
+        finally:
+            os.chmod(tmp_path, 0o700)
+        assert not marker.exists()
+        with pytest.raises(InputError, match="runs its Python as root, and it is not trusted") as exc:
             sources.render(str(f), topo="T")
         assert "--trust" in exc.value.fix and not marker.exists(), "refused before it ran"
     sources.render(str(f), topo="T", trust=True)

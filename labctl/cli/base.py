@@ -13,8 +13,15 @@ from labctl.errors import LabError
 # Written to a file or a pipe, rich would wrap tables at 80 columns and cut their cells ("leaf1:spin…"):
 # there, lines are as wide as they need (up to a generous 240; COLUMNS still wins when set)
 PIPED_WIDTH = 240
-out = Console(width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else PIPED_WIDTH)
-err = Console(stderr=True, width=None if sys.stderr.isatty() or os.environ.get("COLUMNS") else PIPED_WIDTH)
+def _width(stream) -> int | None:
+    try:
+        return None if stream.isatty() or os.environ.get("COLUMNS") else PIPED_WIDTH
+    except (AttributeError, ValueError):      # closed (`labctl ... >&-`): rich decides
+        return None
+
+
+out = Console(width=_width(sys.stdout))
+err = Console(stderr=True, width=_width(sys.stderr))
 
 SET_HELP = "override a template variable (or a dotted key of a plain lab), e.g. --set spines=4; repeatable"
 TEMPLATES_HELP = "a directory of your own templates, searched before the bundled ones; repeatable"

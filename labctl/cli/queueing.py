@@ -9,7 +9,7 @@ from rich.live import Live
 from rich.table import Table
 
 from labctl.cli.base import cli, out
-from labctl.units import format_rate
+from labctl.units import format_rate, format_size
 
 
 def _target(spec: str, lab_name: str | None, need_iface: bool):
@@ -34,7 +34,7 @@ def _queue_table(rows: list[dict], title: str) -> Table:
                   ",".join(map(str, r["dscp"])) or "other", f"{format_rate(r['rate_bps'])} / "
                   f"{format_rate(r['ceil_bps'])}", f"{r['buffer_bytes'] // 1024} KiB", f"{r['depth_bytes']} B",
                   f"{r['sent_packets']} pkt", str(r["drops"]),
-                  f"{r['kmin'] // 1000}-{r['kmax'] // 1000} KB / {r['pmax']:g}" if r["ecn"] else "-",
+                  f"{format_size(r['kmin'])}-{format_size(r['kmax'])} / {r['pmax']:g}" if r["ecn"] else "-",
                   "-" if r["mark_probability"] is None else f"{r['mark_probability']:.3f}",
                   str(r["ecn_marked"]) if r["ecn"] else "-", pfc,
                   f"{r['pfc_tx']}/{r['pfc_rx']}" if "pfc_tx" in r else "-",

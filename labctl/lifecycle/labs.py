@@ -28,19 +28,28 @@ def find_lab(name_or_file: str) -> state.LabDir:
     path = Path(name_or_file)
     if paths.is_file(path):
         # the labs whose record says they were built from this file (a Mininet .py is never run here)
+        # first the labs whose record says they were built from this file; only if none, the
+        # lab its name: says, if that one was built from it (a Mininet .py is never run here)
         built = [d for d in state.all_labs() if d.read_state().get("topology_file") == str(path.resolve())]
-        lab_name = None
-        if path.suffix != ".py":
-            text, smap, _ = render_topology(path)
-            data, _ = load_yaml(text, smap.file)
-            lab_name = data.get("name") if isinstance(data, dict) else None
-            if state.valid_lab_name(lab_name) and state.lab_dir(lab_name).path.is_dir():
-                return state.lab_dir(lab_name)
         if len(built) == 1:
             return built[0]
         if built:
             raise LabError(f"{len(built)} labs were built from {name_or_file}: {', '.join(d.name for d in built)}",
                            "name the one you mean")
+        lab_name = None
+        if path.suffix != ".py":
+            try:
+                text, smap, _ = render_topology(path)
+                data, _ = load_yaml(text, smap.file)
+            except LabError:
+                data = None
+            lab_name = data.get("name") if isinstance(data, dict) else None
+            if state.valid_lab_name(lab_name) and state.lab_dir(lab_name).path.is_dir():
+                recorded = state.lab_dir(lab_name).read_state().get("topology_file")
+                if recorded in (None, str(path.resolve())):
+                    return state.lab_dir(lab_name)
+                raise LabError(f"lab {lab_name!r}, the name {name_or_file} gives, was built from {recorded}",
+                               f"`labctl down {lab_name}` if that is the one you mean")
         raise LabError(f"the lab of {name_or_file}" + (f" ({lab_name!r})" if lab_name else "") + " is not up",
                        f"`labctl up {name_or_file}` to build it; `labctl status` lists running labs")
     running = [d.name for d in state.all_labs()]

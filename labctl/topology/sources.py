@@ -10,25 +10,17 @@ the delay, since this kernel may have no netem.
 """
 from __future__ import annotations
 
-import json
-import os
 import re
-import signal
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import yaml
 
 from labctl.errors import InputError, Where
 from labctl.paths import is_file
+from labctl.topology import mininet_read
 from labctl.topology.load import Loaded, load_topology, load_topology_text, render_topology
 
-SYSTEM_PYTHON = "/usr/bin/python3"
-READER = Path(__file__).with_name("mininet_topo.py")
 MININET_DEFAULT_RATE = "1G"      # an unshaped Mininet link; labctl shapes every link, so this is its rate
-READ_TIMEOUT_S = 60
 
 
 def load(file: str | None, sets=(), template_dirs=(), name: str | None = None, topo: str | None = None,
@@ -80,65 +72,7 @@ def mininet_yaml(file: str | None, topo: str, name: str | None, trust: bool = Fa
         if not str(file).endswith(".py"):
             raise InputError(Where(str(file)), "--topo reads a Mininet topology from a Python file (.py), and this "
                              "is not one", "drop --topo for a labctl lab file; give the .py file for a Mininet one")
-        _require_trust(Path(file), trust)
-    if not is_file(SYSTEM_PYTHON):
-        raise InputError(Where("--topo"), f"{SYSTEM_PYTHON} is missing", "install Mininet (./install.sh does)")
-    mn = _read(file, topo)
-    return _lab_yaml(mn, file, topo, name)
-
-
-def _require_trust(path: Path, trust: bool) -> None:
-    """Reading a Mininet file runs it: as root, only a file root owns alone (or one vouched for)."""
-    from labctl.paths import untrusted
-    if trust or os.geteuid() != 0:
-        return
-    reasons = untrusted([path])
-    if reasons:
-        raise InputError(Where(str(path)), f"reading this Mininet topology runs its Python as root, and the file is "
-                         f"not trusted ({'; '.join(reasons[:3])})",
-                         f"read it, then make it root's and writable by no one else (sudo chown root: {path} && "
-                         "sudo chmod go-w FILE, and the same for its directory), or say you trust it: --trust")
-
-
-def _read(file: str | None, topo: str) -> dict:
-    """Run the reader (its own session, cwd /, the system Python) and take its JSON; whatever the
-    file started and left behind in that session is killed."""
-    where = Where(str(file) if file else "--topo")
-    # files, not pipes: a child the file started would hold a pipe open, and the reading would
-    # wait for it; the reader's end is what counts, and then its session is killed
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        p = subprocess.Popen([SYSTEM_PYTHON, "-P", str(READER), str(Path(file).resolve()) if file else "-", topo],
-                             stdout=out, stderr=err, text=True, cwd="/", start_new_session=True)
-        try:
-            p.wait(timeout=READ_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            raise InputError(where, f"reading Mininet topology {topo!r} took more than {READ_TIMEOUT_S} s, and was "
-                             "stopped", "does the file (or its build()) wait for something, or build a huge "
-                             "topology?") from None
-        finally:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)       # the reader if it hangs, and what the file left running
-            except ProcessLookupError:
-                pass
-            p.wait()
-        out.seek(0)
-        err.seek(0)
-        stdout, stderr = out.read(), err.read()
-    if stderr.strip():
-        sys.stderr.write(stderr if stderr.endswith("\n") else stderr + "\n")    # the file's own output
-    try:
-        mn = json.loads(stdout)
-    except ValueError:
-        why = (stderr.strip().splitlines() or [f"the reader exited with {p.returncode}"])[-1]
-        raise InputError(where, f"cannot read Mininet topology {topo!r}: {why}",
-                         "is Mininet installed for /usr/bin/python3 (./install.sh installs it)?") from None
-    if "error" in mn:
-        raise InputError(Where(str(file), line=mn.get("line")) if file else where,
-                         f"cannot read Mininet topology {topo!r}: {mn['error']}",
-                         "check the name: --topo NAME or NAME,ARG,KEY=VALUE (the message lists the names)"
-                         if mn["error"].startswith("LookupError: no topology") else
-                         "the topology's own Python failed (as `mn --custom` would); fix it there")
-    return mn
+    return _lab_yaml(mininet_read.read(file, topo, trust), file, topo, name)
 
 
 def _lab_yaml(mn: dict, file: str | None, topo: str, name: str | None) -> str:
@@ -176,12 +110,17 @@ def _lab_yaml(mn: dict, file: str | None, topo: str, name: str | None) -> str:
         links.append(link)
     doc = {"name": lab, "description": f"imported from Mininet topology {topo}" + (f" in {file}" if file else ""),
            "dilation": 1, "defaults": {"rate": MININET_DEFAULT_RATE}, "nodes": nodes, "links": links}
-    header = [f"# {file or 'Mininet'} (Mininet topology {topo}), as labctl reads it"] + \
-        [f"# note: {n}" for n in notes]
+    # the file chose these names and option names: nothing of them may leave its comment line
+    header = [_printable(f"# {file or 'Mininet'} (Mininet topology {topo}), as labctl reads it")] + \
+        [_printable(f"# note: {n}") for n in notes]
     return "\n".join(header) + "\n" + yaml.safe_dump(doc, sort_keys=False)
 
 
+def _printable(text: str) -> str:
+    return "".join(c if c.isprintable() else "?" for c in text)
+
+
 def _lab_name(file: str | None, topo: str) -> str:
-    stem = re.sub(r"[^a-z0-9-]+", "-", ((Path(file).stem + "-") if file else "mn-") + topo.lower()).strip("-")
+    stem = re.sub(r"[^a-z0-9-]+", "-", ((Path(file).stem.lower() + "-") if file else "mn-") + topo.lower()).strip("-")
     stem = stem if stem[:1].isalpha() else "mn-" + stem
     return stem[:24].rstrip("-")

@@ -45,7 +45,7 @@ def explain(doc: dict, queues_csv: Path) -> dict | None:
         from labctl.traffic.placement import shared_links
         worst = max((len(hs) for hs in shared_links(placed.get("hops") or []).values()), default=1)
         # a ring runs at its busiest link's pace: its bandwidth time stretches by the hops sharing it
-        stretched = (worst - 1) * parts["bandwidth_s"]
+        stretched = min((worst - 1) * parts["bandwidth_s"], time_s - bound)
         causes.append(f"ECMP collision, about {stretched:.2f} s ({stretched / time_s:.0%} of the run): "
                       + placed["note"])
     frames, held = pauses(queues_csv)

@@ -67,7 +67,10 @@ def shared_links(hops: list[dict]) -> dict[str, list[dict]]:
     by_link: dict[str, list[dict]] = {}
     for h in hops:
         for link in h.get("links") or [h["spine"]]:
-            by_link.setdefault(link, []).append(h)
+            same = [x for x in by_link.get(link, []) if (x["from"], x["to"], x.get("sport")) ==
+                    (h["from"], h["to"], h.get("sport"))]
+            if not same:      # a hop listed once per spine it crosses is one hop on its links
+                by_link.setdefault(link, []).append(h)
     return {link: hs for link, hs in by_link.items() if len(hs) > 1}
 
 
