@@ -32,13 +32,12 @@ no time dilation (containerlab's veths are unshaped).
 """
 from __future__ import annotations
 
-import re
-
 import yaml
 
 from labctl.errors import InputError
 from labctl.names import split_endpoint
 from labctl.topology.clabmaps import ImportMaps
+from labctl.topology import clabnames
 from labctl.topology.yamlpos import SourceMap
 
 NODE_KEYS = ("kind", "image", "cmd", "env", "binds", "exec", "group", "startup-config", "cap-add", "labels")
@@ -99,7 +98,7 @@ def to_labctl(data: dict, smap: SourceMap, file: str, maps: ImportMaps | None = 
     taken: dict[str, str] = {}                      # every node's labctl name (folded ones too) -> as written
     for name, spec in nodes.items():
         spec = _mapping(spec, smap, ("topology", "nodes", name))
-        ours = _node_name(name, smap)
+        ours = clabnames.node_name(name, smap)
         if ours in taken:
             raise InputError(smap.where(("topology", "nodes", name)), f"node {name!r} is {ours!r} in labctl, "
                              f"as node {taken[ours]!r} is", "rename one of them (labctl names are lower-case)")
@@ -116,7 +115,7 @@ def to_labctl(data: dict, smap: SourceMap, file: str, maps: ImportMaps | None = 
     made = [_link(i, lk, renamed, folded, mapped | set(folded), smap, notes)
             for i, lk in enumerate(_list(topo.get("links"), smap, ("topology", "links")))]
     links = [lk for lk in made if lk is not None]
-    lab = {"name": _lab_name(data.get("name"), smap, notes),
+    lab = {"name": clabnames.lab_name(data.get("name"), smap, notes),
            "description": f"imported from containerlab file {file}",
            "dilation": 1, "defaults": {"rate": RATE},
            "fabrics": {"lab": {"kind": "frontend"}},
@@ -174,7 +173,7 @@ def _node(name: str, spec: dict, kinds: dict, defaults: dict, groups: dict, smap
     mode = _nearest(level, "network-mode")
     if mapped and isinstance(mode, str) and mode.startswith("container:"):
         at = next(a for a, x in zip(reversed(ats), reversed(level)) if "network-mode" in x)
-        shares[_node_name(name, smap)] = (mode.split(":", 1)[1], at + ("network-mode",))
+        shares[clabnames.node_name(name, smap)] = (mode.split(":", 1)[1], at + ("network-mode",))
         return None
     for at, layer in zip(ats, level):
         for key in layer:
@@ -355,9 +354,10 @@ def _link(i: int, lk: object, renamed: dict, folded: dict, mapped: set, smap: So
                          "labctl never cables it)")
             return None
         node = renamed.get(node, node)
-        if node in mapped and iface and iface != _linux_ifname(iface):
-            notes.append(f"{node}:{iface} is port {_linux_ifname(iface)} here (a NOS's name, as containerlab maps it)")
-            iface = _linux_ifname(iface)
+        linux = clabnames.linux_ifname(iface) if iface else iface
+        if node in mapped and linux != iface:
+            notes.append(f"{node}:{iface} is port {linux} here (a NOS's name, as containerlab maps it)")
+            iface = linux
         node = folded.get(node, node)
         if not iface:
             raise InputError(smap.where(where + ("endpoints", e)), f"endpoint {end!r} names no interface",
@@ -367,30 +367,6 @@ def _link(i: int, lk: object, renamed: dict, folded: dict, mapped: set, smap: So
     if isinstance(lk.get("mtu"), int):
         link["mtu"] = min(lk["mtu"], 9000)
     return link
-
-
-def _linux_ifname(name: str) -> str:
-    """A NOS's port name as a Linux one, as containerlab writes SR Linux's: ethernet-1/1 -> e1-1."""
-    n = re.sub(r"^ethernet-?", "e", name, flags=re.I) if re.match(r"ethernet-?\d", name, re.I) else name
-    return re.sub(r"[^A-Za-z0-9._-]", "-", n)[:15]
-
-
-def _node_name(name: object, smap: SourceMap) -> str:
-    if not isinstance(name, str) or not re.fullmatch(r"[a-z][a-z0-9_-]{0,39}", name.lower()):
-        raise InputError(smap.where(("topology", "nodes", name)), f"node name {name!r} is not one labctl can use",
-                         "labctl names are lower-case letters, digits, '-' and '_', starting with a letter "
-                         "(they name namespaces and ports)")
-    return name.lower()
-
-
-def _lab_name(name: object, smap: SourceMap, notes: list[str]) -> str:
-    if not isinstance(name, str) or not name.strip():
-        raise InputError(smap.where(("name",)), "a containerlab topology needs a name:", "add `name: mylab`")
-    fitted = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")
-    fitted = (fitted if fitted[:1].isalpha() else "lab-" + fitted)[:24].rstrip("-")
-    if fitted != name:
-        notes.append(f"name {name!r} is lab {fitted!r} here (lab names are lower-case letters, digits and '-')")
-    return fitted
 
 
 def _mapping(value: object, smap: SourceMap, where: tuple, required: bool = False) -> dict:
