@@ -120,11 +120,13 @@ def test_cli_up_status_route_exec_down(state_dir, lab_name):
         assert "10.1.0.17/31" not in r.stdout and "10.1.0.16/31" in r.stdout
         r = labctl("graph", lab_name, "--format", "dot", env=env)
         assert r.stdout.startswith(f'graph "{lab_name}"') and r.stdout.count(" -- ") == 24
-        r = labctl("down", str(LEAF_SPINE), env=env)  # by file: the file names lab "ls", not ours
-        assert r.returncode == 1 and "is not up" in r.stderr
-        r = labctl("down", lab_name, env=env)
-        assert r.returncode == 0, r.stderr
+        # by file: the file names lab "ls", which is not up, but ours is the one lab its record says was
+        # built from that file (down --help: "the file it was built from")
+        r = labctl("down", str(LEAF_SPINE), env=env)
+        assert r.returncode == 0 and r.stdout.startswith(f"lab {lab_name}: removed 16 namespaces"), r.stdout + r.stderr
         assert lab_namespaces(lab_name + "-") == []
+        r = labctl("down", str(LEAF_SPINE), env=env)
+        assert r.returncode == 1 and "the lab of" in r.stderr and "is not up" in r.stderr, r.stderr
     finally:
         labctl("down", lab_name, env=env)
 

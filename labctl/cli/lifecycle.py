@@ -92,11 +92,13 @@ def down(lab):
     """Tear a lab down: stop its processes, delete its namespaces (and with them every link).
 
     Works from the lab's record alone, so the topology file may be gone. LAB is a lab name or the
-    file it was built from.
+    file it was built from (the lab whose record names that file, whatever --name it was given;
+    if several were built from it, name one).
 
     \b
     Example:
       sudo labctl down ls
+      sudo labctl down topologies/leaf-spine.yml
     """
     from labctl import lifecycle as labmod
     from labctl.lifecycle.labs import find_lab
