@@ -13,6 +13,7 @@ from labctl.errors import InputError
 from labctl.topology import sources
 
 HEAD = "from mininet.topo import Topo\n"
+TWO_HOSTS = "class T(Topo):\n    def build(self):\n        self.addLink(self.addHost('h1'), self.addHost('h2'))\n"
 
 
 def topo_file(tmp_path, body: str, name: str = "t.py"):
@@ -58,8 +59,7 @@ def test_what_the_file_leaves_running_is_stopped_even_if_it_detached(tmp_path):
     plain, detached = tmp_path / "plain", tmp_path / "detached"
     f = topo_file(tmp_path, "import subprocess\nsubprocess.Popen(['sh', '-c', 'sleep 3; touch %s'])\n"
                   "subprocess.Popen(['sh', '-c', 'sleep 3; touch %s'], start_new_session=True)\n"
-                  "class T(Topo):\n    def build(self):\n        self.addLink(self.addHost('h1'), self.addHost('h2'))\n"
-                  % (plain, detached))
+                  % (plain, detached) + TWO_HOSTS)
     sources.render(str(f), topo="T")
     time.sleep(4)
     assert not plain.exists(), "a child the file started outlived the reading"
@@ -69,8 +69,7 @@ def test_what_the_file_leaves_running_is_stopped_even_if_it_detached(tmp_path):
 
 def test_a_forked_child_or_bytes_that_are_not_text_do_not_confuse_the_reading(tmp_path):
     f = topo_file(tmp_path, "import os, sys\nos.write(2, b'\\xff\\xfe not text\\n')\n"
-                  "if os.fork() == 0:\n    sys.exit(0)\nos.wait()\n"
-                  "class T(Topo):\n    def build(self):\n        self.addLink(self.addHost('h1'), self.addHost('h2'))\n")
+                  "if os.fork() == 0:\n    sys.exit(0)\nos.wait()\n" + TWO_HOSTS)
     text = sources.render(str(f), topo="T")
     assert "h1:" in text and "h2:" in text
 
@@ -114,8 +113,7 @@ def test_upper_case_names_and_what_is_not_carried_over_are_noted(tmp_path):
 
 def test_a_file_root_does_not_own_alone_is_not_run_as_root_without_trust(tmp_path):
     marker = tmp_path / "ran"
-    f = topo_file(tmp_path, f"open({str(marker)!r}, 'w').write('x')\n"
-                  "class T(Topo):\n    def build(self):\n        self.addLink(self.addHost('h1'), self.addHost('h2'))\n")
+    f = topo_file(tmp_path, f"open({str(marker)!r}, 'w').write('x')\n" + TWO_HOSTS)
     os.chmod(f, 0o666)
     if os.geteuid() == 0:
         # a directory above it that someone else may write is as bad: they could swap the file's
