@@ -62,7 +62,9 @@ def test_a_lab_run_is_predicted_within_the_calibrations_error(built_lab, tmp_pat
         feats = labrun.features(sample)
         assert ideal_time(feats, lab_params(Params())) == pytest.approx(doc["results"][0]["ideal_s"], rel=1e-6)
         res = CliRunner().invoke(cli, ["estimate", "--check", str(run_dir), "--json"])
-        row = json.loads(res.output)["rows"][0]
+        checked = json.loads(res.output)
+        assert checked["allowed_error"] == pytest.approx(cal["max_error"] + calibration.RUN_TO_RUN)
+        row = checked["rows"][0]
         tried.append(f"measured {row['measured_s']:.3f} s, model {row['predicted_s']:.3f} s, error {row['error']:+.1%}")
         if res.exit_code == 0 and row["within"]:
             break

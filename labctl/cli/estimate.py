@@ -91,7 +91,8 @@ def estimate(gpus, gpus_per_server, radix, rate, nvlink, collective, size, ranks
         rows, ok = report.check_runs(list(check), cal)
         allowed = report.allowed_error(cal)
         if as_json:
-            click.echo(json.dumps({"rows": rows, "max_error": cal["max_error"], "ok": ok}, indent=1))
+            click.echo(json.dumps({"rows": rows, "max_error": cal["max_error"], "allowed_error": allowed, "ok": ok},
+                                  indent=1))
         else:
             for r in rows:
                 click.echo(f"{r['run']}: {r['collective']} {r['size']:,} B over {r['ranks']} ranks: measured "
