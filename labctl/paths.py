@@ -57,6 +57,13 @@ def new_run_dir(path: Path, option: str = "--out") -> Path:
     return path
 
 
+def untrusted_tree(resolved: Path, st: os.stat_result) -> list[str]:
+    """Why an opened file (`st`, its fstat) at `resolved` is not root's alone: the file, or any
+    directory above it (one that others may write could have the file's directory swapped)."""
+    reasons = [why for why in [unsafe_stat(resolved, st)] + [_unsafe(d) for d in resolved.parents] if why]
+    return list(dict.fromkeys(reasons))
+
+
 def untrusted(paths: list[Path]) -> list[str]:
     """Why these files (and their directories) are not trusted: owned or writable by someone but root."""
     reasons = []
@@ -84,6 +91,11 @@ def _unsafe(p: Path) -> str | None:
         st = os.lstat(p)
     except OSError:
         return None
+    return unsafe_stat(p, st)
+
+
+def unsafe_stat(p: Path, st: os.stat_result) -> str | None:
+    """Why `p` (whose stat is `st`) could be changed by someone but root; None if it cannot."""
     if stat.S_ISLNK(st.st_mode):
         return None if st.st_uid == 0 else f"{p} is a symlink owned by uid {st.st_uid}"
     if st.st_uid != 0:

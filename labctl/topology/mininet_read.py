@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 from labctl.errors import InputError, Where
+from labctl.paths import untrusted_tree
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 UNSHARE = "/usr/bin/unshare"
@@ -98,7 +99,7 @@ def _source(path: Path, trust: bool) -> bytes:
         if st.st_size > SOURCE_LIMIT:
             raise InputError(where, f"{st.st_size} bytes: more than a topology file needs", "give the .py file")
         if os.geteuid() == 0 and not trust:
-            reasons = _untrusted(path.resolve(), st)
+            reasons = untrusted_tree(path.resolve(), st)
             if reasons:
                 raise InputError(where, "reading this Mininet topology runs its Python as root, and it is not "
                                  f"trusted ({'; '.join(reasons[:3])})",
@@ -114,27 +115,6 @@ def _source(path: Path, trust: bool) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
-
-
-def _untrusted(resolved: Path, st: os.stat_result) -> list[str]:
-    """Who but root could change what runs: the file itself, or any directory above it (one
-    writable by others could rename the file's directory away and put another in its place)."""
-    reasons = []
-    if st.st_uid != 0:
-        reasons.append(f"{resolved} is owned by uid {st.st_uid}, not root")
-    elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        reasons.append(f"{resolved} is writable by {'others' if st.st_mode & stat.S_IWOTH else 'its group'}")
-    for d in resolved.parents:
-        try:
-            ds = os.stat(d)
-        except OSError:
-            continue
-        sticky = ds.st_mode & stat.S_ISVTX
-        if ds.st_uid != 0:
-            reasons.append(f"{d} is owned by uid {ds.st_uid}, not root")
-        elif ds.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not sticky:
-            reasons.append(f"{d} is writable by {'others' if ds.st_mode & stat.S_IWOTH else 'its group'}")
-    return reasons
 
 
 def _checked(doc: object, file: str | None, topo: str, where: Where) -> dict:
