@@ -9,13 +9,21 @@ In one run it prints:
 - the bundled 7:1 incast in the lossless class (0 loss expected), a 64-rank ring all-reduce along
   rail 0 and a 64-rank hierarchical all-reduce (8 servers, their NVLink domains), against the
   alpha-beta bound, with wrong messages, PSN gaps, the loss ledger and the controller's reaction;
-- `down` time, and what is left (namespaces, processes): nothing.
+- the same two all-reduces again with the leaves spraying (`labctl lb leaf=spray`): the fabric
+  without the ECMP draw. The ring's 64 hops leave 4 leaves, 16 each, over 16 uplinks: a leaf puts
+  no two of its hops on one uplink once in 16^16/16! (about 900,000) draws, and the ring needs all
+  four leaves at once, so no hash seed is free of collisions here (the run names the hops); spray
+  stands in for the seed that does not exist;
+- `down` time, and what is left (namespaces, processes): nothing;
+- then the same lab again at --hier-dilation (576,000), for the hierarchical all-reduce alone.
+  At 32,000 its NVLink phases ask for 64 GPUs x 225 Mbit/s of lab traffic at once, many times
+  what two cores forward; at 576,000, 64 x 12.5 Mbit/s. NVLink keeps its 18x over the NIC.
 
 Dilation 32,000 (12.5 Mbit/s backend links in the lab for 400 Gbit/s): 64 senders at that rate,
 plus forwarding, stay within two cores (at the bundled 4,000, eight ranks already fill them).
-Takes about 6 minutes. Run as root:
+Takes about 3 minutes. Run as root:
 
-    sudo .venv/bin/python bench/scale.py [--dilation 32000] [--sets k=v,...]
+    sudo .venv/bin/python bench/scale.py [--dilation 32000] [--hier-dilation 576000] [--sets k=v,...]
 """
 from __future__ import annotations
 
@@ -34,7 +42,8 @@ from labctl import lifecycle as labmod  # noqa: E402
 from labctl.traffic.run import run_workload  # noqa: E402
 from labctl.traffic.workload import load_workload  # noqa: E402
 
-SETS = ["servers=128", "gpus_per_server=8", "leaves=32", "spines=16"]
+# lb=ecmp: the routers hash with labctl's program, so that the leaves' mode can change while it runs
+SETS = ["servers=128", "gpus_per_server=8", "leaves=32", "spines=16", "lb=ecmp"]
 NAME = "bscale"
 
 
@@ -49,16 +58,17 @@ def proc_figures(pid: int) -> tuple[int, int]:
     return rss, len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def workloads(tmp: Path) -> list[Path]:
+def workloads(tmp: Path) -> list[tuple[str | None, Path]]:
+    """(the leaves' lb mode to set first, or None; the workload file), in the order they run."""
     rail = ", ".join(f"srv{s}-gpu0" for s in range(1, 65))
     pod = ", ".join(f"srv{s}-gpu{g}" for s in range(1, 9) for g in range(8))
     files = {"ring-allreduce-64": f"collective: all_reduce\nsizes: [4MB]\nparticipants: [{rail}]\n",
              "hier-allreduce-64": f"collective: hier_all_reduce\nsizes: [4MB]\nparticipants: [{pod}]\n"}
-    out = [ROOT / "workloads" / "incast.yml"]
     for name, body in files.items():
         (tmp / f"{name}.yml").write_text(f"name: {name}\n{body}")
-        out.append(tmp / f"{name}.yml")
-    return out
+    # the default receivers keep every packet, so spray's reordering costs nothing but its counting
+    return [(None, ROOT / "workloads" / "incast.yml")] + [(None, tmp / f"{n}.yml") for n in files] + \
+        [("spray", tmp / f"{n}.yml") for n in files]
 
 
 def leftovers() -> tuple[int, int]:
@@ -68,19 +78,50 @@ def leftovers() -> tuple[int, int]:
     return len(ours), len(procs)
 
 
+HEADER = (f"{'workload':>18} {'dilation':>8} {'leaves':>6} {'ranks':>5} {'time (s)':>9} {'ideal (s)':>9} "
+          f"{'ratio':>6} {'#wrong':>6} {'PSN gaps':>8} {'ledger':>8} {'reaction worst/p99 (ms)':>24}")
+
+
+def run_rows(plan, lab, wf: Path, mode: str, out: Path) -> None:
+    """Run one workload and print a row per result (and the run's ECMP note, if any)."""
+    doc = run_workload(plan, lab, load_workload(wf), out, trace=labmod.trace_path)
+    gaps = doc["loss_ledger"]["psn_gaps"]
+    ledger = "clean" if not doc["loss_ledger"]["total"] else f"{doc['loss_ledger']['total']} lost"
+    react = doc.get("controller_reaction") or {}
+    for r in doc["results"]:
+        print(f"{wf.stem:>18} {plan.dilation:>8g} {mode:>6} {r['n']:>5} {r['time_s']:>9.2f} {r['ideal_s']:>9.2f} "
+              f"{r['ratio']:>6.2f} {r['wrong']:>6} {gaps:>8} {ledger:>8} "
+              f"{react.get('worst_s', 0) * 1e3:>11.1f} / {react.get('p99_s', 0) * 1e3:<10.1f}", flush=True)
+    placement = doc.get("ring_placement") or {}
+    if placement.get("note"):
+        print(f"{'':>34} {placement['note']}")
+
+
+def take_down(plan) -> None:
+    t1 = time.perf_counter()
+    labmod.down(NAME)
+    down_s = time.perf_counter() - t1
+    ns, procs = leftovers()
+    print(f"down: {down_s:.1f} s ({down_s / max(1, len(plan.nodes)) * 1e3:.2f} ms per node); "
+          f"left: {ns} namespaces, {procs} processes", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dilation", default="32000")
+    ap.add_argument("--hier-dilation", default="576000",
+                    help="the dilation of the second lab, for the hierarchical all-reduce (0: no second lab)")
     ap.add_argument("--sets", default="", help="more template variables, comma-separated")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench/scale.py builds namespaces: run it as root")
     os.environ["LABCTL_STATE_DIR"] = tempfile.mkdtemp(prefix="labctl-bench-")
     tmp = Path(tempfile.mkdtemp(prefix="labctl-bench-runs-"))
-    sets = SETS + [f"dilation={args.dilation}"] + [s for s in args.sets.split(",") if s]
+    extra = [s for s in args.sets.split(",") if s]
     before = mem_available()
     t0 = time.perf_counter()
-    plan, lab, _ = labmod.up(str(ROOT / "topologies" / "leaf-spine.yml"), sets, name=NAME)
+    plan, lab, _ = labmod.up(str(ROOT / "topologies" / "leaf-spine.yml"), SETS + [f"dilation={args.dilation}"] + extra,
+                             name=NAME)
     up_s = time.perf_counter() - t0
     try:
         gpus = sum(1 for n in plan.nodes if n.kind == "gpu")
@@ -96,27 +137,27 @@ def main() -> None:
         print(f"descriptors: controller {fds} ({fds / gpus:.1f} per GPU host)")
         tried, failed = labmod.pingall(plan, sample=200, seed=1)
         print(f"pingall --sample 200: {tried - len(failed)}/{tried} pairs reachable", flush=True)
-        print(f"{'workload':>18} {'ranks':>5} {'time (s)':>9} {'ideal (s)':>9} {'ratio':>6} {'#wrong':>6} "
-              f"{'PSN gaps':>8} {'ledger':>8} {'reaction worst/p99 (ms)':>24}")
-        for wf in workloads(tmp):
-            doc = run_workload(plan, lab, load_workload(wf), tmp / wf.stem, trace=labmod.trace_path)
-            gaps = doc["loss_ledger"]["psn_gaps"]
-            ledger = "clean" if not doc["loss_ledger"]["total"] else f"{doc['loss_ledger']['total']} lost"
-            react = doc.get("controller_reaction") or {}
-            for r in doc["results"]:
-                print(f"{wf.stem:>18} {r['n']:>5} {r['time_s']:>9.2f} {r['ideal_s']:>9.2f} {r['ratio']:>6.2f} "
-                      f"{r['wrong']:>6} {gaps:>8} {ledger:>8} "
-                      f"{react.get('worst_s', 0) * 1e3:>11.1f} / {react.get('p99_s', 0) * 1e3:<10.1f}", flush=True)
-            placement = doc.get("ring_placement") or {}
-            if placement.get("note"):
-                print(f"{'':>18} {placement['note']}")
+        print(HEADER)
+        mode = "ecmp"
+        for lb_mode, wf in workloads(tmp):
+            if lb_mode is not None:
+                labmod.set_lb(lab, plan, "leaf", lb_mode)
+                mode = lb_mode
+            run_rows(plan, lab, wf, mode, tmp / f"{wf.stem}-{mode}")
     finally:
-        t1 = time.perf_counter()
-        labmod.down(NAME)
-        down_s = time.perf_counter() - t1
-        ns, procs = leftovers()
-        print(f"down: {down_s:.1f} s ({down_s / max(1, len(plan.nodes)) * 1e3:.2f} ms per node); "
-              f"left: {ns} namespaces, {procs} processes")
+        take_down(plan)
+    if float(args.hier_dilation) <= 0:
+        return
+    # At the first dilation the hierarchical all-reduce's NVLink phases ask for 64 GPUs x 225 Mbit/s,
+    # 14.4 Gbit/s of lab traffic, many times what two cores forward; at this one, 64 x 12.5 Mbit/s.
+    # NVLink keeps its 18x over the NIC: the same fabric, slower.
+    plan, lab, _ = labmod.up(str(ROOT / "topologies" / "leaf-spine.yml"),
+                             SETS + [f"dilation={args.hier_dilation}"] + extra, name=NAME)
+    try:
+        print(HEADER)
+        run_rows(plan, lab, tmp / "hier-allreduce-64.yml", "ecmp", tmp / "hier-allreduce-64-slow")
+    finally:
+        take_down(plan)
 
 
 if __name__ == "__main__":
