@@ -9,21 +9,24 @@ In one run it prints:
 - the bundled 7:1 incast in the lossless class (0 loss expected), a 64-rank ring all-reduce along
   rail 0 and a 64-rank hierarchical all-reduce (8 servers, their NVLink domains), against the
   alpha-beta bound, with wrong messages, PSN gaps, the loss ledger and the controller's reaction;
-- the same two all-reduces again with the leaves spraying (`labctl lb leaf=spray`): the fabric
-  without the ECMP draw. The ring's 64 hops leave 4 leaves, 16 each, over 16 uplinks: a leaf puts
-  no two of its hops on one uplink once in 16^16/16! (about 900,000) draws, and the ring needs all
-  four leaves at once, so no hash seed is free of collisions here (the run names the hops); spray
-  stands in for the seed that does not exist;
 - `down` time, and what is left (namespaces, processes): nothing;
-- then the same lab again at --hier-dilation (576,000), for the hierarchical all-reduce alone.
-  At 32,000 its NVLink phases ask for 64 GPUs x 225 Mbit/s of lab traffic at once, many times
-  what two cores forward; at 576,000, 64 x 12.5 Mbit/s. NVLink keeps its 18x over the NIC.
+- then the same lab twice more, each at a dilation where two cores carry the collective, so that
+  it measures the fabric rather than this machine:
+  * the ring at --spray-dilation (64,000) with the leaves spraying (`labctl lb leaf=spray`). Its
+    64 hops leave 4 leaves, 16 each, over 16 uplinks: a leaf puts no two of them on one uplink
+    once in 16^16/16! (about 900,000) draws, and the ring needs all four leaves at once, so no
+    hash seed is free of collisions here (the ECMP run names the hops); spray stands in for the
+    seed that does not exist. At 32,000 its 64 senders fill two cores (800 Mbit/s of lab traffic);
+  * the hierarchical all-reduce at --hier-dilation (576,000). At 32,000 its NVLink phases ask for
+    64 GPUs x 225 Mbit/s at once, many times what two cores forward; at 576,000, 64 x 12.5 Mbit/s.
+    NVLink keeps its 18x over the NIC: the same fabric, slower.
 
-Dilation 32,000 (12.5 Mbit/s backend links in the lab for 400 Gbit/s): 64 senders at that rate,
-plus forwarding, stay within two cores (at the bundled 4,000, eight ranks already fill them).
-Takes about 3 minutes. Run as root:
+Dilation 32,000 (12.5 Mbit/s backend links in the lab for 400 Gbit/s): 64 senders at that rate
+and their forwarding reach what two cores carry (at the bundled 4,000, eight ranks already do).
+Takes about 4 minutes. Run as root:
 
-    sudo .venv/bin/python bench/scale.py [--dilation 32000] [--hier-dilation 576000] [--sets k=v,...]
+    sudo .venv/bin/python bench/scale.py [--dilation 32000] [--spray-dilation 64000]
+                                      [--hier-dilation 576000] [--sets k=v,...]
 """
 from __future__ import annotations
 
@@ -58,17 +61,14 @@ def proc_figures(pid: int) -> tuple[int, int]:
     return rss, len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def workloads(tmp: Path) -> list[tuple[str | None, Path]]:
-    """(the leaves' lb mode to set first, or None; the workload file), in the order they run."""
+def workloads(tmp: Path) -> dict[str, Path]:
     rail = ", ".join(f"srv{s}-gpu0" for s in range(1, 65))
     pod = ", ".join(f"srv{s}-gpu{g}" for s in range(1, 9) for g in range(8))
     files = {"ring-allreduce-64": f"collective: all_reduce\nsizes: [4MB]\nparticipants: [{rail}]\n",
              "hier-allreduce-64": f"collective: hier_all_reduce\nsizes: [4MB]\nparticipants: [{pod}]\n"}
     for name, body in files.items():
         (tmp / f"{name}.yml").write_text(f"name: {name}\n{body}")
-    # the default receivers keep every packet, so spray's reordering costs nothing but its counting
-    return [(None, ROOT / "workloads" / "incast.yml")] + [(None, tmp / f"{n}.yml") for n in files] + \
-        [("spray", tmp / f"{n}.yml") for n in files]
+    return {"incast": ROOT / "workloads" / "incast.yml", **{n: tmp / f"{n}.yml" for n in files}}
 
 
 def leftovers() -> tuple[int, int]:
@@ -109,8 +109,10 @@ def take_down(plan) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dilation", default="32000")
+    ap.add_argument("--spray-dilation", default="64000",
+                    help="the dilation of the lab the ring runs on again with the leaves spraying (0: none)")
     ap.add_argument("--hier-dilation", default="576000",
-                    help="the dilation of the second lab, for the hierarchical all-reduce (0: no second lab)")
+                    help="the dilation of the lab the hierarchical all-reduce runs on again (0: none)")
     ap.add_argument("--sets", default="", help="more template variables, comma-separated")
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -118,6 +120,7 @@ def main() -> None:
     os.environ["LABCTL_STATE_DIR"] = tempfile.mkdtemp(prefix="labctl-bench-")
     tmp = Path(tempfile.mkdtemp(prefix="labctl-bench-runs-"))
     extra = [s for s in args.sets.split(",") if s]
+    wl = workloads(tmp)
     before = mem_available()
     t0 = time.perf_counter()
     plan, lab, _ = labmod.up(str(ROOT / "topologies" / "leaf-spine.yml"), SETS + [f"dilation={args.dilation}"] + extra,
@@ -138,26 +141,24 @@ def main() -> None:
         tried, failed = labmod.pingall(plan, sample=200, seed=1)
         print(f"pingall --sample 200: {tried - len(failed)}/{tried} pairs reachable", flush=True)
         print(HEADER)
-        mode = "ecmp"
-        for lb_mode, wf in workloads(tmp):
-            if lb_mode is not None:
-                labmod.set_lb(lab, plan, "leaf", lb_mode)
-                mode = lb_mode
-            run_rows(plan, lab, wf, mode, tmp / f"{wf.stem}-{mode}")
+        for name in ("incast", "ring-allreduce-64", "hier-allreduce-64"):
+            run_rows(plan, lab, wl[name], "ecmp", tmp / f"{name}-{args.dilation}")
     finally:
         take_down(plan)
-    if float(args.hier_dilation) <= 0:
-        return
-    # At the first dilation the hierarchical all-reduce's NVLink phases ask for 64 GPUs x 225 Mbit/s,
-    # 14.4 Gbit/s of lab traffic, many times what two cores forward; at this one, 64 x 12.5 Mbit/s.
-    # NVLink keeps its 18x over the NIC: the same fabric, slower.
-    plan, lab, _ = labmod.up(str(ROOT / "topologies" / "leaf-spine.yml"),
-                             SETS + [f"dilation={args.hier_dilation}"] + extra, name=NAME)
-    try:
-        print(HEADER)
-        run_rows(plan, lab, tmp / "hier-allreduce-64.yml", "ecmp", tmp / "hier-allreduce-64-slow")
-    finally:
-        take_down(plan)
+    # the default receivers keep every packet, so spray's reordering costs nothing but its counting
+    again = [(args.spray_dilation, "spray", "ring-allreduce-64"), (args.hier_dilation, "ecmp", "hier-allreduce-64")]
+    for dilation, mode, name in again:
+        if float(dilation) <= 0:
+            continue
+        plan, lab, _ = labmod.up(str(ROOT / "topologies" / "leaf-spine.yml"),
+                                 SETS + [f"dilation={dilation}"] + extra, name=NAME)
+        try:
+            if mode != "ecmp":
+                labmod.set_lb(lab, plan, "leaf", mode)
+            print(HEADER)
+            run_rows(plan, lab, wl[name], mode, tmp / f"{name}-{dilation}")
+        finally:
+            take_down(plan)
 
 
 if __name__ == "__main__":
