@@ -12,7 +12,7 @@ In one run it prints:
 - `down` time, and what is left (namespaces, processes): nothing;
 - then the same lab twice more, each at a dilation where two cores carry the collective, so that
   it measures the fabric rather than this machine:
-  * the ring at --spray-dilation (64,000) with the leaves spraying (`labctl lb leaf=spray`). Its
+  * the ring at --spray-dilation (64,000) with the leaves spraying (`--set lb=spray`). Its
     64 hops leave 4 leaves, 16 each, over 16 uplinks: a leaf puts no two of them on one uplink
     once in 16^16/16! (about 900,000) draws, and the ring needs all four leaves at once, so no
     hash seed is free of collisions here (the ECMP run names the hops); spray stands in for the
@@ -45,8 +45,7 @@ from labctl import lifecycle as labmod  # noqa: E402
 from labctl.traffic.run import run_workload  # noqa: E402
 from labctl.traffic.workload import load_workload  # noqa: E402
 
-# lb=ecmp: the routers hash with labctl's program, so that the leaves' mode can change while it runs
-SETS = ["servers=128", "gpus_per_server=8", "leaves=32", "spines=16", "lb=ecmp"]
+SETS = ["servers=128", "gpus_per_server=8", "leaves=32", "spines=16"]
 NAME = "bscale"
 
 
@@ -150,11 +149,10 @@ def main() -> None:
     for dilation, mode, name in again:
         if float(dilation) <= 0:
             continue
+        lb = [f"lb={mode}"] if mode != "ecmp" else []
         plan, lab, _ = labmod.up(str(ROOT / "topologies" / "leaf-spine.yml"),
-                                 SETS + [f"dilation={dilation}"] + extra, name=NAME)
+                                 SETS + [f"dilation={dilation}"] + lb + extra, name=NAME)
         try:
-            if mode != "ecmp":
-                labmod.set_lb(lab, plan, "leaf", mode)
             print(HEADER)
             run_rows(plan, lab, wl[name], mode, tmp / f"{name}-{dilation}")
         finally:
