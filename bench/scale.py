@@ -8,7 +8,8 @@ In one run it prints:
 - a 200-pair `pingall --sample` (the full pingall of 1,024 hosts is a million pairs);
 - the bundled 7:1 incast in the lossless class (0 loss expected), a 64-rank ring all-reduce along
   rail 0 and a 64-rank hierarchical all-reduce (8 servers, their NVLink domains), against the
-  alpha-beta bound, with wrong messages, PSN gaps, the loss ledger and the controller's reaction;
+  alpha-beta bound, with wrong messages, PSN gaps, the loss ledger, the controller's reaction and
+  the bytes each fabric's ports counted against the collective's formula;
 - `down` time, and what is left (namespaces, processes): nothing;
 - then the same lab twice more, each at a dilation where two cores carry the collective, so that
   it measures the fabric rather than this machine:
@@ -91,6 +92,10 @@ def run_rows(plan, lab, wf: Path, mode: str, out: Path) -> None:
         print(f"{wf.stem:>18} {plan.dilation:>8g} {mode:>6} {r['n']:>5} {r['time_s']:>9.2f} {r['ideal_s']:>9.2f} "
               f"{r['ratio']:>6.2f} {r['wrong']:>6} {gaps:>8} {ledger:>8} "
               f"{react.get('worst_s', 0) * 1e3:>11.1f} / {react.get('p99_s', 0) * 1e3:<10.1f}", flush=True)
+    check = {f: c for f, c in (doc.get("fabric_bytes_check") or {}).items() if c.get("ratio") is not None}
+    if check:       # the bytes each fabric's ports counted against the collective's formula
+        print(f"{'':>34} bytes on the ports / formula: "
+              + ", ".join(f"{f} {c['ratio']:.4f}" for f, c in check.items()))
     placement = doc.get("ring_placement") or {}
     if placement.get("note"):
         print(f"{'':>34} {placement['note']}")
