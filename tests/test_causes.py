@@ -62,3 +62,16 @@ def test_the_collision_is_never_more_than_the_run_lost_and_a_hop_counts_once(tmp
     hops = [hop("g0", "g4", "spine1"), hop("g1", "g5", "spine1"), hop("g2", "g6", "spine1")]
     out = causes.explain(doc(1.6, 1.0, hops), tmp_path / "none.csv")
     assert out["causes"][0].startswith("ECMP collision, about 0.59 s (37% of the run)"), out
+
+
+def test_a_train_report_says_where_each_dimension_went_and_flags_tp_off_nvlink():
+    from labctl.traffic.report import dimension_lines
+    inside = {"tp": {"scaleup": 8_589_824}, "pp": {"scaleout": 536_864}, "dp": {"scaleacross": 3_238_000}, "ep": {}}
+    lines = dimension_lines(inside)
+    assert lines == ["# where each dimension went: tp scaleup 8,589,824; pp scaleout 536,864; dp scaleacross 3,238,000"]
+    # [dp, pp, tp] on a leaf-spine: tp's groups span servers, and most of its bytes leave NVLink
+    spread = {"tp": {"scaleup": 3_774_864, "scaleout": 8_589_824}, "dp": {"scaleup": 1_000}}
+    lines = dimension_lines(spread)
+    assert len(lines) == 2 and lines[1].startswith("# note: 69% of tp's bytes cross scaleout, a fabric tp is not "
+                                                   "meant for (tp on scaleup)"), lines
+    assert dimension_lines({"ep": {"scaleacross": 10}})[1].startswith("# note: 100% of ep's bytes cross scaleacross")

@@ -18,7 +18,8 @@ from labctl.estimate.model import Params, ideal_time, lab_params, payload_Bps, p
 from labctl.plan.compile import compile_plan
 from labctl.topology.load import load_topology
 from labctl.traffic import roce, schedule, sender
-from labctl.traffic.pool import gpu_ranks, ideal_seconds
+from labctl.traffic.bound import ideal_seconds
+from labctl.traffic.pool import gpu_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 LEAF_SPINE = ROOT / "topologies" / "leaf-spine.yml"

@@ -4,6 +4,7 @@ the model spreads as each mode promises. tests/test_netns_lb.py checks the same 
 from __future__ import annotations
 
 import random
+from pathlib import Path
 import socket
 import struct
 
@@ -248,6 +249,34 @@ def test_a_collision_is_two_ring_hops_out_of_one_switch_port():
     assert "a -> b and e -> f on leaf1:spine1" in note and "c -> d and e -> f on spine1:leaf4" in note
     assert "about 2x its bound" in note
     assert ring_collisions({"hops": hops}) == 3
+
+
+def test_a_shared_port_is_a_collision_only_where_ecmp_chose_it_and_its_rate_is_short():
+    from labctl.experiment.metrics import ring_collisions
+    from labctl.traffic.causes import explain
+    from labctl.traffic.placement import busiest, collision_note
+
+    def hop(a, b, links, ecmp, uplink_bps):
+        return {"from": a, "to": b, "sport": 1, "spine": "spine1", "links": links, "ecmp_links": ecmp,
+                "link_bps": {link: uplink_bps for link in links}, "hop_bps": 400}
+    # the only way on (a zone's one spine, a DCI router): the topology's, not a draw
+    only_way = [hop(x, y, ["leaf1:spine1", "spine1:dci1"], [], 400) for x, y in (("a", "b"), ("c", "d"))]
+    assert collision_note(only_way) is None and ring_collisions({"hops": only_way}) == 0
+    # chosen by ECMP, but an 800G uplink carries two 400G hops
+    two = [hop(x, y, ["leaf1:spine1"], ["leaf1:spine1"], 800) for x, y in (("a", "b"), ("c", "d"))]
+    assert collision_note(two) is None and busiest(two) == 1.0
+    # three on it ask 1.5 times its rate
+    three = two + [hop("e", "f", ["leaf1:spine1"], ["leaf1:spine1"], 800)]
+    note = collision_note(three)
+    assert "a -> b and c -> d and e -> f on leaf1:spine1" in note and "about 1.5x its bound" in note, note
+    assert busiest(three) == 1.5 and ring_collisions({"hops": three}) == 3
+    # and the slow run's account charges ECMP what the busiest port's 1.5x explains, not 3x
+    doc = {"results": [{"time_s": 3.0, "ideal_s": 1.0,
+                        "bound": {"bandwidth_s": 1.0, "alpha_s": 0.0, "propagation_s": 0.0},
+                        "per_rank": {"0": {"bytes_sent": 1}}}], "ranks": [0], "loss_ledger": {"total": 0},
+           "ring_placement": {"hops": three, "note": note}}
+    out = explain(doc, Path("/nonexistent.csv"))
+    assert out["causes"][0].startswith("ECMP collision, about 0.50 s"), out
 
 
 def _model_paths(plan, mode: str, qps: int) -> list[dict]:

@@ -112,3 +112,18 @@ def test_fsdp_scale_and_errors():
         fsdp.fsdp_step(model, list(range(8)), "HYBRID_SHARD", group_size=3)
     with pytest.raises(ValueError, match="unknown model preset"):
         fsdp.model_from("gpt-5")
+
+
+@pytest.mark.parametrize("strategy,group,expected", [
+    ("FULL_SHARD", None, 3 * 7 / 8), ("SHARD_GRAD_OP", None, 2 * 7 / 8),
+    ("HYBRID_SHARD", 4, 3 * 3 / 4 + 2 * (1 / 2) / 4), ("HYBRID_SHARD", 2, 3 * 1 / 2 + 2 * (3 / 4) / 2)])
+def test_each_fsdp_strategy_sends_what_its_own_formula_says(strategy, group, expected):
+    """The step's collectives, counted ring by ring, against each strategy's published formula
+    (PyTorch FSDP): a SHARD_GRAD_OP or HSDP run was once judged against FULL_SHARD's 3(n-1)/n and
+    read 0.667 and 0.952 of it when it sent exactly its own."""
+    model = fsdp.model_from("llama-7b")
+    stages = fsdp.fsdp_step(model, list(range(8)), strategy, group, scale=0.001)
+    layer = stages[0][0].size          # the scaled layer, rounded to the group as the step does
+    got, formula = fsdp.expected_per_rank(strategy, 8, layer * model.layers, group)
+    assert got == pytest.approx(expected * layer * model.layers, rel=1e-9), formula
+    assert fsdp.bytes_per_rank(stages, 8) == pytest.approx(got, rel=1e-9), (strategy, formula)

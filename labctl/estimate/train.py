@@ -233,7 +233,8 @@ def lab_cluster(plan, ranks: list[int], alpha_s: float = 0.0, distance_km: float
     """The cluster a lab is, in lab time: its ports' payload rates, the WAN's delay and capacity.
     `distance_km` replaces the WAN's length (5 us/km of fibre, times the dilation)."""
     from labctl.kinds import fabric_kind
-    from labctl.traffic.pool import gpu_ranks, payload_rate
+    from labctl.traffic.bound import payload_rate
+    from labctl.traffic.pool import gpu_ranks
     nodes = gpu_ranks(plan)
     first = nodes[ranks[0]]
     zone = sum(1 for r in ranks if nodes[r].zone == first.zone)

@@ -160,4 +160,5 @@ def _fsdp_ratio(doc: dict) -> float:
     f = doc.get("fsdp")
     if not f or not f["bytes_per_rank"]:
         return 0.0
-    return mean(f["bytes_per_rank"].values()) / f["expected_full_shard_bytes_per_rank"]
+    # against the strategy's own formula (runs recorded before it existed were all measured against FULL_SHARD's)
+    return mean(f["bytes_per_rank"].values()) / f.get("expected_bytes_per_rank", f["expected_full_shard_bytes_per_rank"])

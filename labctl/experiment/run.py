@@ -75,9 +75,17 @@ def _sets(exp: Experiment, value, extra: list[str] = ()) -> list[str]:
     return list(exp.set) + list(extra) + ([f"{exp.sweep.var}={value}"] if value is not None else [])
 
 
-def _wan_bytes(lab) -> float:
+def _wan_bytes(lab, fresh_within: float = 1.0) -> float:
+    """The bytes the lab's WAN lines delivered so far. A line publishes its counters every 0.2 s
+    (wan/line.py): a copy from before the last run's final frames moved bytes from one run to the
+    next, so this waits (at most `fresh_within` s) for one written after it was asked."""
+    f = lab.path / "wan.json"
+    asked = time.time()
+    deadline = time.monotonic() + fresh_within
     try:
-        return sum(d["delivered_bytes"] for d in json.loads((lab.path / "wan.json").read_text())["directions"])
+        while os.stat(f).st_mtime <= asked and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return sum(d["delivered_bytes"] for d in json.loads(f.read_text())["directions"])
     except (OSError, ValueError, KeyError):
         return 0.0
 

@@ -60,7 +60,8 @@ METRICS = {
                            "QPs (0 where paths are per packet)",
     "wan_bytes": "bytes the WAN line delivered during the run",
     "tcp_goodput_bps": "TCP flows' bytes x 8 / their span, lab bit/s",
-    "fsdp_bytes_ratio": "FSDP: bytes sent per rank / (3(n-1)/n x model) (1 = as FSDP predicts)",
+    "fsdp_bytes_ratio": "FSDP: bytes sent per rank / the strategy's formula (FULL_SHARD 3(n-1)/n x model, "
+                        "SHARD_GRAD_OP 2(n-1)/n, HYBRID_SHARD 3(g-1)/g + 2(r-1)/(r g)) (1 = as FSDP predicts)",
     "victim_time_s": "lab seconds the workload's victim: transfer took, beside the collectives",
     "wan_max_depth": "deepest queue at a DCI router's WAN egress (bytes)",
     "wan_drops": "packets the DCI routers' WAN egress queues dropped during the run",

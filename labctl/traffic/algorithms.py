@@ -110,7 +110,8 @@ def islands(plan: LabPlan, ranks: list[int], nvlink_only: bool = False) -> list[
 
 def choose(plan: LabPlan, ranks: list[int], size: int, slice_bytes: int, channels: int, alpha_ns: float) -> str:
     """`auto`'s pick for an all-reduce (the rule in this module's docstring)."""
-    from labctl.traffic.pool import gpu_ranks, ideal_seconds
+    from labctl.traffic.bound import ideal_seconds
+    from labctl.traffic.pool import gpu_ranks
     groups = islands(plan, ranks, nvlink_only=True)
     if len(groups) > 1 and min(len(g) for g in groups) > 1 and len({len(g) for g in groups}) == 1:
         return "hier"

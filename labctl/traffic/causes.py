@@ -34,29 +34,43 @@ def explain(doc: dict, queues_csv: Path) -> dict | None:
     time_s, bound = sum(r["time_s"] for r in rs), sum(r["ideal_s"] for r in rs)
     if not bound or time_s / bound <= RATIO_TO_EXPLAIN:
         return None
-    parts = {k: sum(r["bound"][k] for r in rs) for k in ("bandwidth_s", "alpha_s", "propagation_s")}
+    parts = {k: sum(r["bound"].get(k, 0.0) for r in rs) for k in ("bandwidth_s", "alpha_s", "propagation_s", "serial_s")}
     causes = []
     if parts["propagation_s"] > 0:
-        causes.append(f"WAN latency: {parts['propagation_s']:.2f} s of the {bound:.2f} s bound is propagation "
-                      f"along the longest chain of dependent transfers ({parts['propagation_s'] / bound:.0%})")
+        causes.append(f"WAN latency: {parts['propagation_s']:.2f} s of the {bound:.2f} s bound is propagation that "
+                      f"sending cannot hide ({parts['propagation_s'] / bound:.0%}): before a port's first data "
+                      f"arrives, after its last, and along chains of transfers that wait for one another")
+    if parts["serial_s"] > 0:
+        causes.append(f"transfers in series: {parts['serial_s']:.2f} s of the bound is a chain of transfers that wait "
+                      f"for one another, longer than the busiest port's bytes ({parts['serial_s'] / bound:.0%})")
     placed = doc.get("ring_placement") or {}
     stretched = 0.0
     if placed.get("note"):          # there is a note only where ECMP put ring hops on one link
-        from labctl.traffic.placement import shared_links
-        worst = max((len(hs) for hs in shared_links(placed.get("hops") or []).values()), default=1)
-        # a ring runs at its busiest link's pace: its bandwidth time stretches by the hops sharing it
+        from labctl.traffic.placement import busiest
+        worst = busiest(placed.get("hops") or [])
+        # a ring runs at its busiest link's pace: its bandwidth time stretches by what that link is asked
         stretched = min((worst - 1) * parts["bandwidth_s"], time_s - bound)
         causes.append(f"ECMP collision, about {stretched:.2f} s ({stretched / time_s:.0%} of the run): "
                       + placed["note"])
     frames, held = pauses(queues_csv)
     if frames:
         causes.append(f"pauses: {frames:,} PFC frames sent; the longest-held class waited {held:.2f} s")
+    sent = sum(p["bytes_sent"] for r in rs for p in r["per_rank"].values())
     lost = doc.get("loss_ledger", {}).get("total", 0)
-    if lost:
-        causes.append(f"loss: {lost} packets dropped (loss ledger)")
-    rest = time_s - bound - stretched
+    resent = (doc.get("reordering") or {}).get("retransmitted_bytes", 0)
+    resending = 0.0
+    if lost or resent:
+        text = f"loss: {lost} packets dropped (loss ledger)"
+        if resent and sent:
+            # resent bytes cross the same ports again: the bandwidth time grows by their share of the
+            # schedule's bytes (go-back-N's waits for its timer come on top, in what is left)
+            resending = max(0.0, min(parts["bandwidth_s"] * resent / sent, time_s - bound - stretched))
+            text += (f"; go-back-N resent {resent:,} bytes ({resent / sent:.0%} on top of the {sent:,} the "
+                     f"operations send), about {resending:.2f} s at the ports' rate ({resending / time_s:.0%} of "
+                     f"the run)")
+        causes.append(text)
+    rest = time_s - bound - stretched - resending
     if rest > UNEXPLAINED_SHARE * time_s:
-        sent = sum(p["bytes_sent"] for r in rs for p in r["per_rank"].values())
         ranks = max(1, len(doc.get("ranks", [])))
         causes.append(f"the CPU ceiling of this machine: the other {rest:.2f} s ({rest / time_s:.0%} of the run) "
                       f"is time the fabric model does not account for; the agents moved "

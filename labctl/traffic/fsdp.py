@@ -98,8 +98,21 @@ def fsdp_step(model: Model, ranks: list[int], strategy: str = "FULL_SHARD", grou
     return stages
 
 
+def expected_per_rank(strategy: str, n: int, model_bytes: float, group_size: int | None = None) -> tuple[float, str]:
+    """What each rank sends in a step by the strategy's formula, and the formula as text: FULL_SHARD
+    3(n−1)/n × model, SHARD_GRAD_OP 2(n−1)/n × model, HYBRID_SHARD 3(g−1)/g × model inside a group of
+    g plus 2(r−1)/r × model/g across its r = n/g replicas (each rank all-reduces its shard)."""
+    if strategy == "SHARD_GRAD_OP":
+        return 2 * (n - 1) / n * model_bytes, "2(n-1)/n x model"
+    if strategy == "HYBRID_SHARD":
+        g = group_size or n
+        r = n // g
+        return (3 * (g - 1) / g + 2 * (r - 1) / r / g) * model_bytes, f"3(g-1)/g + 2(r-1)/(r g) x model, g={g} r={r}"
+    return 3 * (n - 1) / n * model_bytes, "3(n-1)/n x model"
+
+
 def bytes_per_rank(stages: list[list[Collective]], n_ranks: int) -> float:
-    """What each rank sends in the step (ring algorithms), for the 3(n−1)/n × model check."""
+    """What each rank sends in the step (ring algorithms), for the check against expected_per_rank."""
     total = 0.0
     for stage in stages:
         for c in stage:

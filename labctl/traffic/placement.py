@@ -7,7 +7,9 @@ collision, and says which.
 """
 from __future__ import annotations
 
-from labctl.plan.model import LabPlan
+import ipaddress
+
+from labctl.plan.model import LabPlan, Node
 from labctl.traffic import roce
 from labctl.traffic.pool import gpu_ranks, path_ports
 from labctl.traffic.sender import qpn
@@ -23,22 +25,44 @@ def ring_hops(plan: LabPlan, trace, order: list[int] | None = None, sport_policy
     """Each ring hop that crosses a spine: from, to, the UDP source port of its QP 0 (as Linux
     derives it from the QPNs, or 0xC000 when fixed) and the spine, on the NICs the agents pick.
     Hops inside a server ride NVLink and cross none. `trace` is lab.trace_path (it asks each
-    node's kernel, and hashes the BTH destination QP where a router's mode is ecmp-qp)."""
+    node's kernel, and hashes the BTH destination QP where a router's mode is ecmp-qp).
+    With the switch ports it leaves by (`links`), those where the switch chose among next hops
+    (`ecmp_links`: the only ones a draw put it on), each port's rate and the hop's own (its NIC's)."""
     ranks = gpu_ranks(plan)
     order = order or list(ranks)
     spines = spine_names(plan)
     out = []
     for i, r in enumerate(order):
         peer = order[(i + 1) % len(order)]
-        _, dst = path_ports(plan, ranks[r], ranks[peer])
+        src, dst = path_ports(plan, ranks[r], ranks[peer])
+        address = dst.address.split("/")[0]
         sport = roce.udp_sport(qpn(r, peer, 0), qpn(peer, r, 0)) if sport_policy == "per-qp" else 0xC000
-        path = trace(plan, ranks[r].name, dst.address.split("/")[0], sport, roce.ROCE_PORT, qp=qpn(peer, r, 0))
-        links = [f"{h['node']}:{h['out']}" for h in path if h["out"] and plan.node(h["node"]).forwarding]
+        path = trace(plan, ranks[r].name, address, sport, roce.ROCE_PORT, qp=qpn(peer, r, 0))
+        left = [(plan.node(h["node"]), h["out"]) for h in path if h["out"] and plan.node(h["node"]).forwarding]
+        links = [f"{n.name}:{port}" for n, port in left]
+        ecmp = [f"{n.name}:{port}" for n, port in left if _multipath(n, address)]
+        link_bps = {f"{n.name}:{port}": _port_rate(n, port) for n, port in left}
         for h in path:
             if h["node"] in spines:
                 out.append({"from": ranks[r].name, "to": ranks[peer].name, "sport": sport, "spine": h["node"],
-                            "links": links})
+                            "links": links, "ecmp_links": ecmp, "link_bps": link_bps,
+                            "hop_bps": src.shaping.rate_bps})
     return out
+
+
+def _multipath(node: Node, address: str) -> bool:
+    """Whether `node`'s route to `address` (its longest match) has more than one next hop."""
+    dst = ipaddress.ip_address(address)
+    best = None
+    for route in node.routes:
+        net = ipaddress.ip_network(route.dst, strict=False)
+        if dst in net and (best is None or net.prefixlen > best[0].prefixlen):
+            best = (net, route)
+    return best is not None and len(best[1].nexthops) > 1
+
+
+def _port_rate(node: Node, port: str) -> int:
+    return next((i.shaping.rate_bps for i in node.interfaces if i.name == port), 0)
 
 
 def fabric_paths(plan: LabPlan, trace, pairs: set[tuple[int, int]], qps: int, sport_policy: str) -> list[dict]:
@@ -63,15 +87,31 @@ def ring_spines(plan: LabPlan, trace) -> list[str]:
 
 
 def shared_links(hops: list[dict]) -> dict[str, list[dict]]:
-    """Each switch port (NODE:PORT) that two or more ring hops leave by, with those hops."""
+    """Each switch port (NODE:PORT) where ECMP put more ring hops than it carries at their rate,
+    with those hops. A port counts only where the switch had a choice (a hop's `ecmp_links`): two
+    hops on a port that is the only way on were put there by the topology, not by a draw; and only
+    if the hops together ask more than its rate (two 400G hops fit an 800G uplink). Hops recorded
+    before the ports' rates and choices were (older results) count on every port they share."""
     by_link: dict[str, list[dict]] = {}
     for h in hops:
-        for link in h.get("links") or [h["spine"]]:
+        for link in h["ecmp_links"] if "ecmp_links" in h else (h.get("links") or [h["spine"]]):
             same = [x for x in by_link.get(link, []) if (x["from"], x["to"], x.get("sport")) ==
                     (h["from"], h["to"], h.get("sport"))]
             if not same:      # a hop listed once per spine it crosses is one hop on its links
                 by_link.setdefault(link, []).append(h)
-    return {link: hs for link, hs in by_link.items() if len(hs) > 1}
+    return {link: hs for link, hs in by_link.items() if len(hs) > _fits(link, hs)}
+
+
+def _fits(link: str, hops: list[dict]) -> int:
+    """How many of these hops `link` carries at their rate (1 where the rates are not recorded)."""
+    rate = max((h.get("link_bps", {}).get(link, 0) for h in hops), default=0)
+    each = max((h.get("hop_bps", 0) for h in hops), default=0)
+    return max(1, rate // each) if rate and each else 1
+
+
+def busiest(hops: list[dict]) -> float:
+    """How many times its rate ECMP asks of the ring's busiest port (1.0: no collision)."""
+    return max((len(hs) / _fits(link, hs) for link, hs in shared_links(hops).items()), default=1.0)
 
 
 def collision_note(hops: list[dict]) -> str | None:
@@ -79,14 +119,15 @@ def collision_note(hops: list[dict]) -> str | None:
     shared = shared_links(hops)
     if not shared:
         return None
-    worst = max(len(hs) for hs in shared.values())
+    worst = busiest(hops)
     pairs = "; ".join(f"{' and '.join(h['from'] + ' -> ' + h['to'] for h in hs)} on {link}"
                       for link, hs in sorted(shared.items()))
     first = next(iter(shared.values()))[0]
     return (f"ECMP put ring hops on one link: {pairs}. A ring runs at the pace of its busiest link, so it "
-            f"takes about {worst}x its bound. `labctl route {first['from']} {first['to']} --sport "
-            f"{first['sport']}` shows it; `labctl up ... --set hash_seed=N` draws again (modes that need "
-            f"no lucky draw: docs/load-balancing.md)")
+            f"takes about {worst:g}x its bound. `labctl route {first['from']} {first['to']} --sport "
+            f"{first['sport']}` shows it; another hash seed draws again (the lab file's routing.hash_seed, "
+            f"or `--set hash_seed=N` where its template has the variable; modes that need no lucky draw: "
+            f"docs/load-balancing.md)")
 
 
 def spine_names(plan: LabPlan) -> set[str]:

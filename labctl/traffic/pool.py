@@ -120,26 +120,6 @@ def paced_silence(plan: LabPlan, params: Params) -> float:
     return (mtu + roce.FRAME_OVERHEAD) * 8 / params.scaled(plan.dilation).min_rate
 
 
-def chain_seconds(plan: LabPlan, schedule: Schedule, nodes: dict[int, Node]) -> float:
-    """The longest chain of transfers that wait for one another, each taking its bytes at its
-    sender's port rate and its path's delay: how long the last rank of a pipelined broadcast waits
-    for its first byte (the α-β bound counts the busiest port, not the fill of a chain)."""
-    from labctl.traffic.fabricmap import for_plan
-    fmap = for_plan(plan)
-    cost: dict[tuple[int, int], tuple[float, float]] = {}
-    for a, b in {(t.src, t.dst) for t in schedule.transfers}:
-        cost[(a, b)] = (payload_rate(plan, path_ports(plan, nodes[a], nodes[b])[0]), fmap.delay_s(nodes[a], nodes[b]))
-    return longest_chain(schedule, lambda t: t.nbytes / cost[(t.src, t.dst)][0] + cost[(t.src, t.dst)][1])
-
-
-def longest_chain(schedule: Schedule, seconds) -> float:
-    """The longest chain of transfers that wait for one another, each taking seconds(transfer)."""
-    done: dict[int, float] = {}
-    for t in sorted(schedule.transfers, key=lambda x: x.id):
-        done[t.id] = max((done.get(d, 0.0) for d in t.after), default=0.0) + seconds(t)
-    return max(done.values(), default=0.0)
-
-
 class AgentPool:
     """One agent process per participating rank, each inside its GPU's namespace."""
 
@@ -314,46 +294,3 @@ def _priorities(node: Node) -> dict[int, int]:
     """DSCP → SO_PRIORITY for the agent's sockets: the HTB class of that DSCP on the host's ports."""
     classes = node.interfaces[0].shaping.classes if node.interfaces else []
     return {d: qos.priority_value(c.tc) for c in classes for d in c.dscp}
-
-
-def payload_rate(plan: LabPlan, iface: Interface) -> float:
-    """Bytes/s of RDMA payload a port carries at its lab rate (headers take the rest)."""
-    mtu = roce.roce_mtu(iface.mtu)
-    return iface.shaping.rate_bps / 8 * mtu / (mtu + roce.FRAME_OVERHEAD)
-
-
-def ideal_seconds(plan: LabPlan, schedule: Schedule, nodes: dict[int, Node], alpha_s: float = 0.0) -> float:
-    """The α-β bound: per phase, the busiest NIC's payload bytes over its own payload rate (so NVLink
-    and Ethernet hops each count at their speed), plus α per step; phases run one after another. To
-    that it adds the propagation delay of the longest chain of transfers that wait for one another
-    (each step waits for its slowest hop's data: across a WAN, for its distance)."""
-    return bound_parts(plan, schedule, nodes, alpha_s)["total_s"]
-
-
-def bound_parts(plan: LabPlan, schedule: Schedule, nodes: dict[int, Node], alpha_s: float = 0.0) -> dict:
-    """ideal_seconds, with its parts: bandwidth_s, alpha_s, propagation_s (lab seconds)."""
-    from labctl.traffic.fabricmap import for_plan
-    fmap = for_plan(plan)
-    parts = {"bandwidth_s": 0.0, "alpha_s": 0.0, "propagation_s": 0.0}
-    phases: dict[str, list] = {}
-    for t in schedule.transfers:
-        phases.setdefault(t.phase, []).append(t)
-    for ts in phases.values():
-        load: dict[tuple[str, str, str], float] = {}
-        rate: dict[tuple[str, str, str], float] = {}
-        for t in ts:
-            a, b = nodes[t.src], nodes[t.dst]
-            ia, ib = path_ports(plan, a, b)
-            for key, iface in (((a.name, ia.name, "tx"), ia), ((b.name, ib.name, "rx"), ib)):
-                load[key] = load.get(key, 0.0) + t.nbytes
-                rate[key] = payload_rate(plan, iface)
-        steps = len({t.step for t in ts})
-        parts["bandwidth_s"] += max(load[k] / rate[k] for k in load)
-        parts["alpha_s"] += alpha_s * steps
-    # the longest chain of dependent transfers, each taking its path's propagation delay: a slice
-    # that goes round a ring crosses the WAN where the ring does, not at every step
-    delays = {pair: fmap.delay_s(nodes[pair[0]], nodes[pair[1]]) for pair in {(t.src, t.dst) for t in schedule.transfers}}
-    if any(delays.values()):
-        parts["propagation_s"] = longest_chain(schedule, lambda t: delays[(t.src, t.dst)])
-    parts["total_s"] = sum(parts.values())
-    return parts

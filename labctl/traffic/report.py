@@ -77,7 +77,8 @@ def table(doc: dict) -> str:
         sent = list(f["bytes_per_rank"].values())
         lines.append(f"# FSDP {f['strategy']} step: {f['step_time_s']:.3f} s lab ({f['step_time_s'] / d * 1e3:.2f} ms "
                      f"real), ideal {f['step_ideal_s']:.3f} s; bytes per rank {min(sent):.0f}..{max(sent):.0f}, "
-                     f"3(n-1)/n x model = {f['expected_full_shard_bytes_per_rank']:.0f}")
+                     f"{f.get('expected_formula', '3(n-1)/n x model')} = "
+                     f"{f.get('expected_bytes_per_rank', f['expected_full_shard_bytes_per_rank']):.0f}")
     if "train" in doc:
         lines += train_lines(doc["train"], d)
     lost = [(r, q) for r, c in doc.get("counters", {}).items() for q in c.get("rx", []) if q["gaps"] or q["late"]]
@@ -97,9 +98,9 @@ def table(doc: dict) -> str:
     if "loss_ledger" in doc:
         from labctl.telemetry.ledger import summary
         lines.append("# " + summary(doc["loss_ledger"]))
-    note = (doc.get("ring_placement") or {}).get("note")
-    if note:
-        lines.append("# " + note)
+    for note in ((doc.get("ring_placement") or {}).get("note"), doc.get("trace_error")):
+        if note:
+            lines.append("# " + note)
     if doc.get("controller_reaction", {}).get("reads"):
         from labctl.telemetry.reaction import describe
         lines.append("# " + describe(doc["controller_reaction"]))
@@ -125,7 +126,34 @@ def train_lines(t: dict, dilation: float) -> list[str]:
             f"duty cycle {t['duty_cycle']:.0%} per GPU" + (f", {wan:.0%} of the WAN's busy time behind compute"
                                                              if wan is not None else ""),
             "# bytes per dimension: " + ", ".join(f"{k} {v:,}" for k, v in t["dim_bytes"].items()),
-            "# bytes per fabric (schedule): " + ", ".join(f"{k} {v:,}" for k, v in t["fabric_bytes_expected"].items())]
+            "# bytes per fabric (schedule): " + ", ".join(f"{k} {v:,}" for k, v in t["fabric_bytes_expected"].items())] \
+        + dimension_lines(t.get("dim_fabric_bytes") or {})
+
+
+# the fabrics each dimension is meant for: tp exchanges every layer's activations in the critical
+# path, so Megatron keeps it inside an NVLink domain; ep's all-to-alls span NVLink and the
+# scale-out fabric but not a WAN; pp and dp may cross buildings (which one should is
+# experiments/parallelism-placement.yml's question)
+MEANT_FOR = {"tp": ("scaleup",), "ep": ("scaleup", "scaleout"), "pp": ("scaleup", "scaleout", "scaleacross"),
+             "dp": ("scaleup", "scaleout", "scaleacross")}
+
+
+def dimension_lines(by_dim: dict[str, dict[str, int]]) -> list[str]:
+    """Where each dimension's bytes went (the fabric of each transfer's path), and a note for a
+    dimension on a fabric it is not meant for (tp off NVLink, anything but dp across the WAN)."""
+    landed = {d: f for d, f in by_dim.items() if f}
+    if not landed:
+        return []
+    out = ["# where each dimension went: " + "; ".join(
+        f"{d} " + ", ".join(f"{f} {n:,}" for f, n in fs.items()) for d, fs in landed.items())]
+    for d, fs in landed.items():
+        off = {f: n for f, n in fs.items() if f not in MEANT_FOR.get(d, fs)}
+        if off:
+            share = sum(off.values()) / sum(fs.values())
+            out.append(f"# note: {share:.0%} of {d}'s bytes cross {' and '.join(off)}, a fabric {d} is not meant "
+                       f"for ({d} on {', '.join(MEANT_FOR[d])}): the placement put it there (`placement:` in train:, "
+                       f"docs/parallelism.md)")
+    return out
 
 
 def flow_lines(flows: list[dict]) -> list[str]:

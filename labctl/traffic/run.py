@@ -12,7 +12,7 @@ from labctl import procs
 from labctl.paths import new_run_dir  # noqa: F401  (where callers have always found it)
 from labctl.telemetry.stallwatch import StallWatch
 from labctl.telemetry import agentreport, reaction
-from labctl.errors import InputError, Where
+from labctl.errors import InputError, LabError, Where
 from labctl.plan.model import LabPlan
 from labctl.state import LabDir
 from labctl.telemetry import fabricports, ledger, linkbytes
@@ -20,7 +20,8 @@ from labctl.telemetry.sampler import QueueSampler
 from labctl.traffic import algorithms, causes, fabricmap, flows, fsdp, placement, report, schedule as sch, train_run
 from labctl.traffic.dcqcn import Params
 from labctl.traffic.tcpflow import FlowRun
-from labctl.traffic.pool import (ID_MASK, AgentPool, RunOptions, bound_parts, chain_seconds, gpu_ranks,
+from labctl.traffic.bound import bound_parts, chain_seconds
+from labctl.traffic.pool import (ID_MASK, AgentPool, RunOptions, gpu_ranks,
                                  local_index, quiet_floor)
 from labctl.traffic.workload import MAX_OPS, LoadedWorkload
 
@@ -303,14 +304,21 @@ def _placement(plan: LabPlan, trace, w, ops: list, ranks: list[int]) -> dict:
     """Where ECMP put a ring's hops, and the fabric paths of the first operation's pairs, where
     the run's options let a trace tell (one channel, ports that are not random)."""
     out = {}
-    if w.collective in RINGS and w.options.qps == 1 and w.options.channels == 1 and w.options.sport != "random" \
-            and placement.paths_fixed(plan):
-        hops = placement.ring_hops(plan, trace, ranks, w.options.sport)
-        out["ring_placement"] = {"hops": hops, "note": placement.collision_note(hops)}
-    if w.collective in RINGS + ("hier_all_reduce",) and w.options.channels == 1 \
-            and w.options.sport != "random" and w.options.qps * len(ranks) <= MAX_TRACED_FLOWS:
-        pairs = {(t.src, t.dst) for op in ops[:1] for t in op.schedule.transfers}
-        out["fabric_paths"] = placement.fabric_paths(plan, trace, pairs, w.options.qps, w.options.sport)
+    try:
+        if w.collective in RINGS and w.options.qps == 1 and w.options.channels == 1 \
+                and w.options.sport != "random" and placement.paths_fixed(plan):
+            hops = placement.ring_hops(plan, trace, ranks, w.options.sport)
+            out["ring_placement"] = {"hops": hops, "note": placement.collision_note(hops)}
+        if w.collective in RINGS + ("hier_all_reduce",) and w.options.channels == 1 \
+                and w.options.sport != "random" and w.options.qps * len(ranks) <= MAX_TRACED_FLOWS:
+            pairs = {(t.src, t.dst) for op in ops[:1] for t in op.schedule.transfers}
+            out["fabric_paths"] = placement.fabric_paths(plan, trace, pairs, w.options.qps, w.options.sport)
+    except LabError as exc:
+        # the paths are traced on the lab as it is after the run: a link taken down during it (an
+        # experiment's step, `labctl link down`) can leave a destination unroutable; the run stands
+        out.pop("ring_placement", None)
+        out["trace_error"] = (f"the ring's paths were not traced after the run ({exc}): a link down? "
+                              f"`labctl route SRC DST` traces one path once the lab routes again")
     return out
 
 
@@ -358,6 +366,10 @@ def _result(plan: LabPlan, op: Op, ideal: float, reports: dict) -> dict:
         t = max([x[2] for r in reports.values() for x in r["sends"] if x[0] not in victim_ids]
                 + [x[1] for r in reports.values() for x in r["recvs"] if x[0] not in victim_ids])
         victim_s = max(x[1] for r in reports.values() for x in r["recvs"] if x[0] in victim_ids)
+    if any(r["timed_out"] for r in reports.values()):
+        # unfinished: the time until its agents gave up (the agents report it), never the last
+        # byte that did arrive, which would read faster than the bound
+        t = max([t] + [r.get("gave_up") or 0.0 for r in reports.values()])
     wrong = sum(len(r["missing"]) + sum(1 for x in r["recvs"] if not x[3]) for r in reports.values())
     algbw = op.size / t / 1e9 if t > 0 else 0.0
     factor = sch.bus_factor(op.collective, n) if op.collective != "fsdp_stage" else 1.0
@@ -384,7 +396,9 @@ def _fsdp_summary(w, ranks: list[int], results: list[dict]) -> dict:
     first = [r for r in results if r["iteration"] == 0]
     per_rank = {rk: sum(r["per_rank"][str(rk)]["bytes_sent"] for r in first) for rk in ranks}
     scaled_model = model.bytes * f.scale
+    expected, formula = fsdp.expected_per_rank(f.strategy, n, scaled_model, f.group_size)
     return {"model_bytes_scaled": scaled_model, "expected_full_shard_bytes_per_rank": 3 * (n - 1) / n * scaled_model,
+            "expected_bytes_per_rank": expected, "expected_formula": formula,
             "bytes_per_rank": per_rank, "step_time_s": sum(r["time_s"] for r in first),
             "step_ideal_s": sum(r["ideal_s"] for r in first), "strategy": f.strategy}
 

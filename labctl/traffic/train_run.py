@@ -173,6 +173,10 @@ def summary(plan: LabPlan, cfg: TrainStep, s: sch.Schedule, result: dict, comput
         "degrees": {"tp": cfg.degrees.tp, "pp": cfg.degrees.pp, "dp": cfg.degrees.dp, "ep": cfg.degrees.ep},
         "placement": list(cfg.placement), "micro_batches": cfg.micro_batches, "scale": cfg.scale,
         "dim_bytes": dim_bytes(s),
+        # where each dimension landed: what placement decides, and what the user came to see
+        "dim_fabric_bytes": {d: {f: n for f, n in fabrics.expected(plan, nodes, [t for t in s.transfers
+                                                                                  if t.phase == d]).items() if n}
+                             for d in DIMS},
         "fabric_bytes_expected": fabrics.expected(plan, nodes, s.transfers),
         "fabric_wire_bytes_expected": fabrics.expected(plan, nodes, s.transfers, wire=True),
         "step_time_s": step, "compute_path_s": compute_path, "ideal_s": result["ideal_s"],
