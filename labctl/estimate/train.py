@@ -9,17 +9,21 @@ Bytes: every group of every dimension is walked, each hop's bytes counted on the
 it crosses, with the schedules' own per-hop formulas (a ring hop carries (k-1)/k x S per
 reduce-scatter or all-gather, twice that per all-reduce), so for a lab they equal the schedule's.
 
-Time: each collective is α-β, (steps x (α + the slowest hop's latency)) + the slowest hop's bytes
-over its rate, and never less than the bytes crossing the WAN over its capacity. The pipeline is
-played as 1F1B, op by op (a stage's forward waits for the previous stage's activation to arrive,
-its backward for the next stage's gradient), and each stage's data-parallel collectives start
-once its last backward is done: so the WAN's latency costs pp placement a round trip per chain of
-micro-batches, and dp placement only once, partly behind the other stages' compute.
+Time: each ring collective is α-β, steps x (α + the slowest hop's chunk over its rate), never less
+than the bytes crossing the WAN over its capacity, plus its propagation: the delays along the
+longest chain of transfers that wait for one another. A slice goes round the ring hop by hop, so
+a ring pays a one-way delay at every hop of a slice's way, and the WAN's only where the ring crosses it (four times for a two-zone ring all-reduce), not at every step.
+The pipeline is played as 1F1B, op by op (a stage's forward waits for the previous stage's
+activation to arrive, its backward for the next stage's gradient), and each stage's data-parallel
+collectives start once its last backward is done: so the WAN's latency costs pp placement a round
+trip per chain of micro-batches, and dp placement a few one-way delays once, after the backward.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import lru_cache
+
+import numpy as np
 
 from labctl.traffic.train import TrainStep
 from labctl.traffic.train_model import coordinates, rank_loads, skew_weights
@@ -132,28 +136,83 @@ def step_bytes(cfg: TrainStep, cl: Cluster) -> tuple[dict, dict]:
     return dims, fab
 
 
-def _collective_s(cl: Cluster, grps, size: float, steps_per_member: int, wire_factor: float) -> float:
-    """A ring collective over disjoint groups at once: α-β on the slowest hop, bounded by the WAN."""
-    worst, crossing = 0.0, 0.0
-    for grp in grps:
-        k = len(grp)
-        if k < 2:
+HOP_FABRICS = FABRICS[:3]
+
+
+@lru_cache(maxsize=16)
+def _ring_arrays(d, placement, dp_shard, n: int) -> dict[str, dict]:
+    """groups() as arrays: per dimension and stage, {size: (groups, size) participant indices}."""
+    out = {}
+    for dim, per_stage in _groups(d, placement, dp_shard, n).items():
+        if dim == "pp":
             continue
-        hops = [cl.fabric(a, b) for a, b in _ring_hops(grp)]
-        steps = steps_per_member * (k - 1)
-        per_step = max(cl.alpha_s + cl.latency_s[f] + size / k / cl.Bps[f] for f in hops)
-        worst = max(worst, steps * per_step)
-        crossing += sum(wire_factor * (k - 1) / k * size for f in hops if f == "scaleacross")
-    return max(worst, crossing / 2 / cl.wan_Bps) if worst else 0.0
+        out[dim] = {}
+        for s, grps in per_stage.items():
+            by_size: dict[int, list] = {}
+            for grp in grps:
+                by_size.setdefault(len(grp), []).append(grp)
+            out[dim][s] = {k: np.asarray(v, dtype=np.int64) for k, v in by_size.items() if k > 1}
+    return out
+
+
+def _hop_fabrics(cl: Cluster, rings: np.ndarray) -> np.ndarray:
+    """Per ring hop (member i to member i+1), the index in HOP_FABRICS of the fabric it crosses."""
+    a, b = rings, np.roll(rings, -1, axis=1)
+    return np.where(a // cl.domain == b // cl.domain, 0, np.where(a // cl.zone == b // cl.zone, 1, 2))
+
+
+def _collective_s(cl: Cluster, rings: dict, size: float, passes: int, wire_factor: float) -> float:
+    """A ring collective over disjoint groups at once, without propagation (_propagate's): α-β, each
+    of its passes x (k-1) steps taking α and the slowest hop's chunk, bounded by the WAN's capacity."""
+    worst, crossing = 0.0, 0.0
+    rates = np.array([cl.Bps[f] for f in HOP_FABRICS])
+    for k, grps in rings.items():
+        hops = _hop_fabrics(cl, grps)
+        worst = max(worst, passes * (k - 1) * (cl.alpha_s + size / k / rates[hops].min()))
+        crossing += wire_factor * (k - 1) / k * size * np.count_nonzero(hops == 2)
+    return float(max(worst, crossing / 2 / cl.wan_Bps)) if worst else 0.0
+
+
+def _propagate(cl: Cluster, rings: dict, passes: int, ready: np.ndarray) -> None:
+    """Propagation along the longest chain of transfers that wait for one another. Each slice goes passes x (k-1) hops round its ring,
+    a step waiting only for the slice's own arrival, so a two-zone ring all-reduce pays four WAN
+    crossings, not one per step; a rank's next collective waits for everything it received.
+    `ready` (per participant, propagation so far) becomes each member's after this collective."""
+    lats = np.array([cl.latency_s[f] for f in HOP_FABRICS])
+    for k, grps in rings.items():
+        hops = passes * (k - 1)
+        lat = lats[_hop_fabrics(cl, grps)]
+        span = k + hops                                   # unrolled positions 0 .. k-1+hops
+        reps = -(-(span - 1) // k)
+        at = np.zeros((len(grps), span))
+        at[:, 1:] = np.cumsum(np.tile(lat, reps)[:, :span - 1], axis=1)   # from position 0 to t
+        start = ready[grps] - at[:, :k]                   # a slice leaving member p, less the way to p
+        first = np.maximum.accumulate(start, axis=1)      # max over p <= j
+        last = np.maximum.accumulate(start[:, ::-1], axis=1)[:, ::-1]   # max over p >= j
+        t = np.arange(1, span)
+        # the slices reaching position t left p in [t-hops, t-1] clipped to [0, k-1]: with hops >= k-1
+        # that is a prefix of the members (t <= hops) or a suffix
+        best = np.where(t <= hops, first[:, np.minimum(t - 1, k - 1)], last[:, np.clip(t - hops, 0, k - 1)])
+        arrive = np.full((len(grps), reps * k + k), -np.inf)
+        arrive[:, 1:span] = best + at[:, 1:]
+        ready[grps] = np.maximum(ready[grps], arrive.reshape(len(grps), -1, k).max(axis=1))
+
+
+def _ring_time(cl: Cluster, rings: dict, size: float, passes: int, wire_factor: float) -> float:
+    """One collective from a standing start: α-β plus its longest chain's propagation."""
+    ready = np.zeros(cl.gpus)
+    _propagate(cl, rings, passes, ready)
+    return _collective_s(cl, rings, size, passes, wire_factor) + float(ready.max())
 
 
 def step_time(cfg: TrainStep, cl: Cluster) -> dict:
     """The α-β step: 1F1B played op by op, then each stage's data-parallel collectives."""
     d, m = cfg.degrees, cfg.model
     g, z = groups(cfg, cl.gpus), sizes(cfg)
+    rings = _ring_arrays(cfg.degrees, cfg.placement, cfg.dp_shard, cl.gpus)
     layers = z["layers"]
     f_compute = sum(cfg.compute_s(p) for p in (m.attention_params, m.top_k * m.expert_params)) * layers
-    tp = {s: 4 * layers * _collective_s(cl, g["tp"][s], z["act"], 2, 2) / 2 for s in range(d.pp)}
+    tp = {s: 4 * layers * _ring_time(cl, rings["tp"][s], z["act"], 2, 2) / 2 for s in range(d.pp)}
     ep = {s: 0.0 for s in range(d.pp)}
     if m.moe and d.ep > 1:
         loads = rank_loads(skew_weights(cfg.skew, m.experts), d.ep)
@@ -171,13 +230,20 @@ def step_time(cfg: TrainStep, cl: Cluster) -> dict:
     shard = cfg.dp_shard or d.dp
     step, dp_s = 0.0, {}
     for s in range(d.pp):
-        t = _collective_s(cl, g["dp_shard"][s], z["dense"], 1, 1) * 2
+        # in the lab's order (traffic.train.data_parallel), one chain of propagation through them all
+        ops = [(rings["dp_shard"][s], z["dense"], 1, 1)]
         if d.dp > shard:
-            t += _collective_s(cl, g["dp_replica"][s], z["dense"] / shard, 2, 2)
+            ops.append((rings["dp_replica"][s], z["dense"] / shard, 2, 2))
+        ops.append((rings["dp_shard"][s], z["dense"], 1, 1))
         if m.moe:
-            t += _collective_s(cl, g["edp"][s], z["experts"], 1, 1) * 2
-        dp_s[s] = t
-        step = max(step, end[s] + t)
+            ops += [(rings["edp"][s], z["experts"], 1, 1)] * 2
+        ready = np.zeros(cl.gpus)
+        t = 0.0
+        for grps, size, passes, wire in ops:
+            t += _collective_s(cl, grps, size, passes, wire)
+            _propagate(cl, grps, passes, ready)
+        dp_s[s] = t + float(ready.max())
+        step = max(step, end[s] + dp_s[s])
     compute = (cfg.micro_batches + d.pp - 1) * 3 * f_compute
     return {"step_s": step, "compute_path_s": compute, "pipeline_s": max(end.values()), "dp_s": max(dp_s.values()),
             "tp_s_per_micro_batch": max(tp.values()) * 2, "ep_s_per_micro_batch": max(ep.values()) * 2,
@@ -207,7 +273,11 @@ def _one_f_one_b(pp: int, mb: int, fwd: dict, bwd: dict, p2p: dict) -> dict[int,
 
 def flip_distance_km(cfg_a: TrainStep, cfg_b: TrainStep, cluster_at, km_max: float = 20000.0) -> float | None:
     """The WAN distance at which placement a and b take the same time (bisection), if it is in
-    [0, km_max]; `cluster_at(km)` builds the cluster at a distance."""
+    [0, km_max]; `cluster_at(km)` builds the cluster at a distance. None when there is none, or when
+    the two are one layout (a dimension of degree 1 swapped), which tie everywhere."""
+    if same_layout(cfg_a, cfg_b, cluster_at(0.0).gpus):
+        return None
+
     def diff(km):
         return step_time(cfg_a, cluster_at(km))["step_s"] - step_time(cfg_b, cluster_at(km))["step_s"]
     lo, hi = 0.0, km_max
@@ -227,6 +297,11 @@ def flip_distance_km(cfg_a: TrainStep, cfg_b: TrainStep, cluster_at, km_max: flo
 
 def with_placement(cfg: TrainStep, placement) -> TrainStep:
     return replace(cfg, placement=tuple(placement))
+
+
+def same_layout(cfg_a: TrainStep, cfg_b: TrainStep, n: int) -> bool:
+    """Whether the two placements give every participant the same coordinates."""
+    return cfg_a.degrees == cfg_b.degrees and layout(cfg_a, n) == layout(cfg_b, n)
 
 
 def lab_cluster(plan, ranks: list[int], alpha_s: float = 0.0, distance_km: float | None = None) -> Cluster:
@@ -288,6 +363,7 @@ def estimate_file(path, gpus: int, domain: int, nic_bps: float, nvlink_bps: floa
         swapped = with_placement(cfg, list(cfg.placement[:-2]) + [cfg.placement[-1], cfg.placement[-2]])
         out["swapped_placement"] = list(swapped.placement)
         out["swapped_step_s"] = step_time(swapped, cl)["step_s"]
+        out["same_layout"] = same_layout(cfg, swapped, gpus)
         out["flip_km"] = flip_distance_km(cfg, swapped, lambda km: real_cluster(
             gpus, domain, nic_bps, nvlink_bps, zones, km, wan_bps, alpha_s))
     return out
@@ -301,7 +377,15 @@ def text(r: dict) -> str:
              "per dimension: " + ", ".join(f"{k} {v / 1e9:,.1f} GB" for k, v in r["dim_bytes"].items()),
              f"step {r['time']['step_s'] * 1e3:,.1f} ms (compute path {r['time']['compute_path_s'] * 1e3:,.1f} ms, "
              f"pipeline {r['time']['pipeline_s'] * 1e3:,.1f} ms, data parallel {r['time']['dp_s'] * 1e3:,.1f} ms)"]
-    if "flip_km" in r:
-        flip = "no flip below 20,000 km" if r["flip_km"] is None else f"they tie at {r['flip_km']:,.0f} km"
+    if r.get("same_layout"):
+        lines.append(f"placement {r['swapped_placement']} is the same layout (a dimension of degree 1 swapped): "
+                     "no other placement to compare")
+    elif "flip_km" in r:
+        flip = "no flip below 20,000 km" if r["flip_km"] is None else f"they tie at {km(r['flip_km'])} km"
         lines.append(f"placement {r['swapped_placement']} instead: {r['swapped_step_s'] * 1e3:,.1f} ms; {flip}")
     return "\n".join(lines)
+
+
+def km(x: float) -> str:
+    """Two significant figures below 10 km (a lab's flip is often under one), whole km above."""
+    return f"{x:.2g}" if x < 10 else f"{x:,.0f}"
