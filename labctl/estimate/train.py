@@ -12,11 +12,12 @@ reduce-scatter or all-gather, twice that per all-reduce), so for a lab they equa
 Time: each ring collective is α-β, steps x (α + the slowest hop's chunk over its rate), never less
 than the bytes crossing the WAN over its capacity, plus its propagation: the delays along the
 longest chain of transfers that wait for one another. A slice goes round the ring hop by hop, so
-a ring pays a one-way delay at every hop of a slice's way, and the WAN's only where the ring crosses it (four times for a two-zone ring all-reduce), not at every step.
-The pipeline is played as 1F1B, op by op (a stage's forward waits for the previous stage's
-activation to arrive, its backward for the next stage's gradient), and each stage's data-parallel
-collectives start once its last backward is done: so the WAN's latency costs pp placement a round
-trip per chain of micro-batches, and dp placement a few one-way delays once, after the backward.
+a ring pays a one-way delay at every hop of a slice's way, and the WAN's only where the ring
+crosses it (four times for a two-zone ring all-reduce), not at every step. The pipeline is played
+as 1F1B, op by op (a stage's forward waits for the previous stage's activation to arrive, its
+backward for the next stage's gradient), and each stage's data-parallel collectives start once
+its last backward is done: so the WAN's latency costs pp placement a round trip per chain of
+micro-batches, and dp placement a few one-way delays once, after the backward.
 """
 from __future__ import annotations
 
