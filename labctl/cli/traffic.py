@@ -19,9 +19,11 @@ from labctl.cli.base import cli
 def run(workload, lab_name, out_dir, as_json, sets):
     """Play a workload on a running lab, or run an experiment (or a directory of them) end to end.
 
-    A workload (collectives, an FSDP step, TCP flows) plays on a lab that is up and reports like
-    nccl-tests. An experiment file (it has steps:) builds its own lab, captures, plays its steps,
-    tears down, plots, writes report.md and exits non-zero if an expectation failed.
+    A workload (collectives, an FSDP step, a train: step, TCP flows) plays on a lab that is up and
+    reports like nccl-tests. A train: workload replays one Megatron-style training step with tensor,
+    pipeline, data and expert parallel degrees (docs/parallelism.md). An experiment file (it has
+    steps:) builds its own lab, captures, plays its steps, tears down, plots, writes report.md and
+    exits non-zero if an expectation failed.
 
     Starts one agent per GPU inside its namespace; they send RoCEv2 (UDP 4791) to each other with
     real data dependencies, and every byte is accounted at the receivers. Results, the plan and the
@@ -31,6 +33,7 @@ def run(workload, lab_name, out_dir, as_json, sets):
     Example:
       sudo labctl run workloads/allreduce.yml --lab ls
       sudo labctl run workloads/fsdp-llama7b.yml --out runs/fsdp
+      sudo labctl run workloads/train-llama7b.yml       # train: tp=2, pp=2, dp the rest
       sudo labctl run experiments/incast-pfc.yml
       sudo labctl run experiments/                      # every bundled experiment
       sudo labctl run experiments/incast-pfc.yml --set dilation=16000

@@ -1,6 +1,7 @@
 """An experiment resolved against its lab's plan before anything is built: every capture port,
-tc: and link: target, traffic class and workload participant names something the lab has, and
-every tc: setting is one `tc set` takes. A miss is an InputError at the experiment's own key."""
+tc: and link: target, traffic class and workload participant names something the lab has, every
+tc: setting is one `tc set` takes, and a train: step's degrees fit its participants. A miss is an
+InputError at the experiment's own key."""
 from __future__ import annotations
 
 from labctl.errors import InputError, LabError
@@ -8,7 +9,7 @@ from labctl.experiment.spec import Experiment
 from labctl.lifecycle import targets
 from labctl.lifecycle.runtime import settings_from_text
 from labctl.plan.model import LabPlan
-from labctl.traffic import flows
+from labctl.traffic import flows, train_run
 from labctl.traffic.run import participants, victim_ranks
 
 
@@ -69,13 +70,15 @@ def _tc(smap, key: tuple, plan: LabPlan, tc) -> None:
 
 
 def _workload(smap, key: tuple, plan: LabPlan, loaded, inline: bool) -> None:
-    """Its participants, victim and flows name the lab's nodes; an inline workload's miss is
-    located in the experiment (its file is a copy the user never wrote)."""
+    """Its participants, victim and flows name the lab's nodes, and a train: step's degrees fit its
+    participants; an inline workload's miss is located in the experiment (its file is a copy the
+    user never wrote)."""
     w = loaded.workload
     try:
-        if w.collective is not None or w.fsdp is not None:
-            participants(plan, loaded)
-        victim_ranks(plan, loaded)
+        ranks = participants(plan, loaded) if w.collective is not None or w.fsdp is not None or w.train else []
+        ranks += [r for r in victim_ranks(plan, loaded) if r not in ranks]    # as the run counts them
+        if w.train is not None:
+            train_run.step_config(plan, loaded, ranks)
         flows.sequences(plan, w.flows, str(loaded.file))
     except InputError as exc:
         if not inline:

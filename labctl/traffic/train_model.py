@@ -10,6 +10,7 @@ Conventions (Megatron-LM's):
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
@@ -118,16 +119,45 @@ def degrees(n: int, tp: int = 1, pp: int = 1, dp: int | None = None, ep: int = 1
     return Degrees(tp, pp, dp, ep)
 
 
+class ShapeError(ValueError):
+    """A split the model cannot take: `key` (under train:) is the degree to change, `fix` what to write."""
+
+    def __init__(self, message: str, key: str, fix: str):
+        super().__init__(message)
+        self.key = key
+        self.fix = fix
+
+
+def divisors(n: int, most: int = 8) -> str:
+    """n's divisors as a fix lists them: '1, 2, 4 or 8' (the largest elided past `most`)."""
+    ds = sorted({k for i in range(1, math.isqrt(n) + 1) if n % i == 0 for k in (i, n // i)})
+    if len(ds) > most:
+        return ", ".join(str(k) for k in ds[:most - 1]) + f", ... or {ds[-1]}"
+    return " or ".join(filter(None, (", ".join(str(k) for k in ds[:-1]), str(ds[-1]))))
+
+
 def check_shape(m: Transformer, d: Degrees) -> None:
-    """What Megatron refuses: a split that does not divide the heads, the layers or the experts."""
-    if m.heads % d.tp:
-        raise ValueError(f"tp {d.tp} must divide the {m.heads} attention heads")
+    """What Megatron refuses: a tp rank holds whole query heads and whole kv-head groups
+    (num_query_groups) and an equal share of the MLP's ffn columns, so tp divides all three; pp
+    divides the layers and ep the experts."""
+    tp_ok = divisors(math.gcd(m.heads, m.kv_heads, m.ffn))
+    for n, what, field in ((m.heads, "attention heads", "heads"),
+                           (m.kv_heads, "kv_heads (Megatron's num_query_groups: each tp rank holds whole groups)",
+                            "kv_heads"),
+                           (m.ffn, "ffn hidden size (each tp rank holds an equal share of the MLP)", "ffn")):
+        if n % d.tp:
+            raise ShapeError(f"tp {d.tp} must divide the {n} {what}", "degrees.tp",
+                             f"set tp to {tp_ok} (what divides heads {m.heads}, kv_heads {m.kv_heads} and ffn "
+                             f"{m.ffn}), or make the model's {field} a multiple of {d.tp}")
     if m.layers % d.pp:
-        raise ValueError(f"pp {d.pp} must divide the {m.layers} layers")
+        raise ShapeError(f"pp {d.pp} must divide the {m.layers} layers", "degrees.pp",
+                         f"set pp to {divisors(m.layers)}, or make layers a multiple of {d.pp}")
     if d.ep > 1 and not m.moe:
-        raise ValueError(f"ep {d.ep} needs a mixture-of-experts model (experts > 1)")
+        raise ShapeError(f"ep {d.ep} needs a mixture-of-experts model (experts > 1)", "degrees.ep",
+                         "leave ep out (1) for a dense model, or use a MoE model (e.g. model: mixtral-8x7b)")
     if m.moe and m.experts % d.ep:
-        raise ValueError(f"ep {d.ep} must divide the {m.experts} experts")
+        raise ShapeError(f"ep {d.ep} must divide the {m.experts} experts", "degrees.ep",
+                         f"set ep to {divisors(m.experts)}")
 
 
 def coordinates(n: int, d: Degrees, placement: tuple[str, ...]) -> list[dict[str, int]]:
