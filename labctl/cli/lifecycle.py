@@ -80,6 +80,8 @@ def up(file, sets, name, template_dirs, topo, backend, no_build, trust, kind_map
     t.add_row("link rates in the lab", ", ".join(format_rate(r) for r in rates) + f"  (dilation {p.dilation:g})")
     t.add_row("lab record", str(lab.path))
     out.print(t)
+    for note in p.notes:        # located remarks on the file that did not stop it (plan/buffers.py)
+        err.print(f"note: {note}", highlight=False, markup=False)
     from labctl.kinds import node_kind
     first = next((n for n in p.nodes if node_kind(n.kind).holds_rank), p.nodes[0])
     out.print(f"next: labctl status {p.lab} | labctl exec {first.name} -- ip route | labctl down {p.lab}",

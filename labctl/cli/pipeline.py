@@ -137,6 +137,10 @@ def plan(file, sets, name, template_dirs, topo, trust, as_json, kind_map, image_
         lt.add_row(lk.a, lk.b, lk.fabric, lk.subnet, format_rate(lk.rate_bps), format_rate(lk.lab_rate_bps),
                    *((" -- ".join(lk.machines) + " (VXLAN)" if lk.machines else "",) if placed else ()))
     out.print(lt)
+    if p.notes:
+        out.print("[bold]notes on the lab file[/] (they do not stop `up`):", highlight=False)
+        for note in p.notes:
+            out.print(f"  - {note}", highlight=False, markup=False)
     notes = [line[len("# note: "):] for line in loaded.text.splitlines() if line.startswith("# note: ")]
     if notes:
         out.print("[bold]how the containerlab file was read[/] (`labctl render FILE` shows the lab it became):",

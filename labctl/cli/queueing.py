@@ -34,12 +34,21 @@ def _queue_table(rows: list[dict], title: str) -> Table:
                   ",".join(map(str, r["dscp"])) or "other", f"{format_rate(r['rate_bps'])} / "
                   f"{format_rate(r['ceil_bps'])}", f"{r['buffer_bytes'] // 1024} KiB", f"{r['depth_bytes']} B",
                   f"{r['sent_packets']} pkt", str(r["drops"]),
-                  f"{format_size(r['kmin'])}-{format_size(r['kmax'])} / {r['pmax']:g}" if r["ecn"] else "-",
+                  _ecn_cell(r) if r["ecn"] else "-",
                   "-" if r["mark_probability"] is None else f"{r['mark_probability']:.3f}",
                   str(r["ecn_marked"]) if r["ecn"] else "-", pfc,
                   f"{r['pfc_tx']}/{r['pfc_rx']}" if "pfc_tx" in r else "-",
                   f"{r['paused_s']:.3f} s" if "paused_s" in r else "-")
     return t
+
+
+def _ecn_cell(r: dict) -> str:
+    """The class's profile, and whether its queue can reach it (plan/buffers.py notes a link's own
+    buffer below the lab's profile; `tc set` refuses thresholds above the buffer)."""
+    cell = f"{format_size(r['kmin'])}-{format_size(r['kmax'])} / {r['pmax']:g}"
+    if r["kmin"] >= r["buffer_bytes"]:
+        return cell + " (never marks: Kmin >= buffer)"
+    return cell + (" (Pmax never reached: Kmax > buffer)" if r["kmax"] > r["buffer_bytes"] else "")
 
 
 @cli.group()

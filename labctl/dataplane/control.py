@@ -178,6 +178,30 @@ def send(lab_path: Path, picked: dict[str, dict]) -> None:
                        "is the lab up? `labctl status` shows the controller; `labctl down` and `up` restart it")
 
 
+# What a queue of `buffer` bytes can reach: marking starts below it (a Kmin at the buffer never
+# marks), reaches Pmax within it (tc-red(8) asks the same: a limit above max), and a pause starts
+# before it is full (an XOFF at the buffer drops before it pauses). XON stays below XOFF (validate).
+REACH = {"kmin": ("below", "it would never mark"),
+         "kmax": ("at most", "it fills before marking reaches Pmax"),
+         "xoff": ("below", "it would drop before it pauses")}
+
+
+def check_buffer(port: str, cls, wanted: dict) -> None:
+    """Refuse a threshold of `wanted` that class `cls`'s queue on `port` can never reach."""
+    from labctl.errors import LabError
+    from labctl.plan.buffers import format_buffer
+    buffer = cls.buffer_bytes
+    for name, (limit, why) in REACH.items():
+        value = wanted.get(name)
+        if value is None or value < buffer or (limit == "at most" and value == buffer):
+            continue
+        raise LabError(f"{port} class {cls.name}: --{name} {format_buffer(value)} is "
+                       f"{'above' if limit == 'at most' else 'at or above'} the queue's buffer of "
+                       f"{format_buffer(buffer)} ({buffer} B): {why}",
+                       f"give --{name} {limit} {format_buffer(buffer)} (`labctl tc show {port}` shows each "
+                       "class's buffer)")
+
+
 def pick(lab_path: Path, plan, node, iface: str | None, class_name: str | None, changes: dict) -> dict:
     """The port classes of node[:iface] that `changes` apply to, each with its changes, checked
     against what is in force; nothing is changed. ECN settings go to ECN classes on switches, PFC
@@ -202,6 +226,7 @@ def pick(lab_path: Path, plan, node, iface: str | None, class_name: str | None, 
                 st.validate(f"{node.name}:{i.name} class {c.name}")
             except ValueError as exc:
                 raise LabError(str(exc), "give both thresholds so that low <= high") from None
+            check_buffer(f"{node.name}:{i.name}", c, wanted)
             picked[key(node.name, i.name, c.tc)] = wanted
     if not picked:
         classes = sorted({c.name for i in node.interfaces for c in i.shaping.classes})

@@ -3,8 +3,8 @@
 Each pass reads what the earlier ones made and adds its part (a new feature adds a pass, not a
 branch in a long function):
 
-    pools → nodes → placement → ranks → loopbacks → segments → links → shaping → wires → tunnels → routes → balancing
-    → steering → files
+    pools → nodes → placement → ranks → loopbacks → segments → links → shaping → buffers → wires → tunnels → routes
+    → balancing → steering → files
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from labctl import names
 from labctl.errors import InputError
 from labctl.kinds import fabric_kind, node_kind
-from labctl.plan import lb, model, placement, qos, routing, software, te
+from labctl.plan import buffers as port_buffers, lb, model, placement, qos, routing, software, te
 from labctl.plan.sysctls import node_sysctls
 from labctl.topology.fabrics import l2_segments, link_fabric, node_fabric
 from labctl.topology.load import Loaded
@@ -79,6 +79,7 @@ class Build:
     ends: list[tuple] = field(default_factory=list)                         # (a, ia, b, ib) per link
     links: list[model.Link] = field(default_factory=list)
     queue_reads: str = "poll"
+    notes: list[str] = field(default_factory=list)                          # located, for the user
 
     @property
     def topo(self):
@@ -210,8 +211,7 @@ def shaping(b: Build) -> None:
             link, lk = b.links[iface.link], t.links[iface.link]
             fabric = b.fabrics[link.fabric]
             credit = fabric_kind(fabric.kind).credit_based
-            buffer = lk.buffer or (max(t.defaults.buffer, qos.bdp_bytes(link.rate_bps, link.latency_ns))
-                                   if link.latency_ns else None)
+            buffer = port_buffers.link_buffer(t, lk, link)
             iface.shaping = qos.shaping_for(
                 link.lab_rate_bps, link.mtu, buffer or t.defaults.buffer, t.qos.classes,
                 fabric.lossless and (t.qos.pfc or credit), feeders=degree[node.name] - 1, credit_based=credit,
@@ -226,6 +226,11 @@ def shaping(b: Build) -> None:
                 # the port's rate is the fibre's: the encryptor in front of it adds ESP to every packet,
                 # so the router's queue (the WAN buffer) holds what the fibre cannot take yet
                 iface.shaping.overhead_bytes = qos.ESP_MAX_OVERHEAD
+
+
+def buffers(b: Build) -> None:
+    """Every queue holds a frame, and the ECN profile's thresholds fit the buffers (plan/buffers.py)."""
+    b.notes += port_buffers.check(b)
 
 
 def controlled_queues(b: Build) -> list[int]:
@@ -287,8 +292,9 @@ def tunnels(b: Build) -> None:
 
 
 PASSES = (("pools", pools), ("nodes", nodes), ("placement", placement.place), ("ranks", ranks), ("loopbacks", loopbacks),
-          ("segments", segments), ("links", links), ("shaping", shaping), ("wires", wires), ("tunnels", tunnels), ("routes", routes),
-          ("balancing", balancing), ("steering", steering), ("files", software.files))
+          ("segments", segments), ("links", links), ("shaping", shaping), ("buffers", buffers), ("wires", wires),
+          ("tunnels", tunnels), ("routes", routes), ("balancing", balancing), ("steering", steering),
+          ("files", software.files))
 
 
 def compile_plan(loaded: Loaded, queue_reads: str = "poll") -> model.LabPlan:
@@ -303,7 +309,7 @@ def compile_plan(loaded: Loaded, queue_reads: str = "poll") -> model.LabPlan:
                          list(b.nodes.values()), b.links, model.EcnPlan(e.kmin, e.kmax, e.pmax, e.rate),
                          model.SharedBuffer(t.qos.shared_buffer, t.qos.shared_alpha) if t.qos.shared_buffer else None,
                          qos.pfc_response_s(controlled_queues(b), _measured_response(t), queue_reads == "arrivals"),
-                         b.segments, queue_reads)
+                         b.segments, queue_reads, b.notes)
 
 
 def _measured_response(t) -> float | None:

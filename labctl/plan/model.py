@@ -225,6 +225,7 @@ class LabPlan:
     pfc_response_s: float = 0.02   # lab time from XOFF to stopped feeders the headroom is sized for
     segments: list[Segment] = field(default_factory=list)
     queue_reads: str = "poll"      # how the controller finds busy queues: "poll" or "arrivals" (dataplane/arrivals.py)
+    notes: list[str] = field(default_factory=list)   # located remarks on the lab file (plan/buffers.py)
 
     def node(self, name: str) -> Node:
         for n in self.nodes:
@@ -247,6 +248,8 @@ class LabPlan:
         for lk in out["links"]:
             if lk["machines"] is None:
                 del lk["machines"]
+        if not out["notes"]:
+            del out["notes"]
         return out
 
     @classmethod
@@ -275,7 +278,7 @@ class LabPlan:
                        400_000, 1_600_000, 0.2),
                    SharedBuffer(**d["shared_buffer"]) if d.get("shared_buffer") else None,
                    d.get("pfc_response_s", 0.02), [Segment(**g) for g in d.get("segments", [])],
-                   d.get("queue_reads", "poll"))
+                   d.get("queue_reads", "poll"), list(d.get("notes", [])))
 
 
 def node_from_dict(n: dict, lab: str | None = None) -> Node:

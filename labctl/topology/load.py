@@ -101,7 +101,7 @@ def _render(file: str | Path, sets=(), template_dirs=(), maps=None):
                          "the lab name is lower-case letters, digits and '-', starting with a letter, at most 24 "
                          "characters (it prefixes every namespace)")
     variables["name"] = lab_name
-    rendered = tpl.render(template, variables, search, smap.where(("template",)))
+    rendered = tpl.render(template, variables, search, smap.where(("template",)), where_of)
     origin = f"{path} (rendered from template {name}; see `labctl render {path}`)"
     rdata, rmap = load_yaml(rendered, origin)
     if isinstance(rdata, dict) and data.get("description"):

@@ -230,8 +230,10 @@ class Link(Strict):
                                    description="fibre length in km: one-way delay 4.9 us/km (a WAN link; needs rate:)")
     loss: float = Field(0.0, ge=0, lt=1, description="fraction of frames the line loses at random, e.g. 0.001")
     jitter: Duration | None = Field(None, description="random extra one-way delay up to this, order kept, e.g. 20us")
-    buffer: Size | None = Field(None, description="egress buffer of both ends (default: the bandwidth-delay "
-                                                  "product on delayed links, else defaults.buffer)")
+    buffer: Size | None = Field(None, description="egress buffer of every class at both ends, at least one "
+                                                  "frame (default: on delayed links the larger of the "
+                                                  "bandwidth-delay product and defaults.buffer, else each "
+                                                  "class's own)")
     encrypt: bool = Field(False, description="ESP (AES-GCM) between the two ends; keys in the lab directory")
     weight: int = Field(1, ge=1, le=256, description="ECMP weight of this link's next hop (unequal-cost multipath)")
 

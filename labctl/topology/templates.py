@@ -143,16 +143,29 @@ def resolve_vars(tpl: Template, given: dict, where_of) -> dict:
     return out
 
 
+# YAML 1.1 (PyYAML) reads 1e9 and 2.5e3 as strings: a float needs a dot and a signed exponent there
+_NUMBER = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
+
+
+def _number(value):
+    """A number written as text (`--set distance=1e9`) as that number; anything else as it is."""
+    if isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
+        number = float(value)
+        return int(number) if number.is_integer() and abs(number) < 2**63 else number
+    return value
+
+
 def _convert(spec: VarSpec, value, where: Where):
     def bad(why: str):
-        return InputError(where, f"template variable {spec.name!r}: {why}", f"{spec.name} is {spec.help}"
-                          if spec.help else None)
+        return InputError(where, f"template variable {spec.name!r}: {why}", _allowed(spec))
 
     try:
         if spec.type == "int":
+            value = _number(value)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise bad(f"expected a whole number, got {value!r}")
         elif spec.type == "float":
+            value = _number(value)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise bad(f"expected a number, got {value!r}")
             value = float(value)
@@ -164,7 +177,9 @@ def _convert(spec: VarSpec, value, where: Where):
                 raise bad(f"expected a string, got {value!r}")
             value = Quoted(value)
         elif spec.type == "rate":
-            parse_rate(value)
+            # a template divides by its rates (a port's share, a ratio of two paths): 0 is no rate
+            if parse_rate(value) <= 0:
+                raise bad(f"{value!r} is not a rate a link can run at: a rate must be more than 0")
         elif spec.type == "size":
             parse_size(value)
         elif spec.type == "duration":
@@ -176,18 +191,41 @@ def _convert(spec: VarSpec, value, where: Where):
     if isinstance(value, float) and not math.isfinite(value):
         raise bad(f"{value} is not a finite number")      # NaN passes every < and >
     if spec.min is not None and isinstance(value, (int, float)) and value < spec.min:
-        raise bad(f"{value} is below the minimum {spec.min}")
+        raise bad(f"{_shown(value)} is below the minimum {spec.min}")
     if spec.max is not None and isinstance(value, (int, float)) and value > spec.max:
-        raise bad(f"{value} is above the maximum {spec.max}")
+        raise bad(f"{_shown(value)} is above the maximum {spec.max}")
     return value
 
 
+def _shown(value) -> str:
+    """A number as people write it: 1000000000 for 1e9, 2.5 for 2.5."""
+    return str(int(value)) if isinstance(value, float) and value.is_integer() and abs(value) < 1e16 else f"{value:g}"
+
+
+def _allowed(spec: VarSpec) -> str | None:
+    """The fix of a bad value: what the variable is, and the values it takes."""
+    span = ""
+    if spec.type in ("int", "float") and (spec.min is not None or spec.max is not None):
+        low = "" if spec.min is None else f"from {spec.min} "
+        high = "" if spec.max is None else f"up to {spec.max}"
+        span = f"{'a whole number' if spec.type == 'int' else 'a number'} {low}{high}".strip()
+    elif spec.type == "rate":
+        span = "a rate above 0, e.g. 400G"
+    parts = [f"{spec.name} is {spec.help}" if spec.help else "", f"give {span}" if span else ""]
+    return "; ".join(x for x in parts if x) or None
+
+
 class TemplateFailure(Exception):
-    """Raised by `fail()` inside a template: a combination of variables the template cannot build."""
+    """Raised by `fail()` inside a template: a combination of variables the template cannot build.
+    `var`: the variable at fault, where the error is then located (`--set` or its line under vars:)."""
+
+    def __init__(self, message: str, var: str | None = None):
+        super().__init__(message)
+        self.var = var
 
 
-def _fail(message: str):
-    raise TemplateFailure(message)
+def _fail(message: str, var: str | None = None):
+    raise TemplateFailure(message, var)
 
 
 def _check_not_writable_by_others(tpl: Template, where: Where) -> None:
@@ -218,6 +256,14 @@ def _stats(p: Path) -> list[os.stat_result]:
     return out
 
 
+def _is_size(value) -> bool:
+    try:
+        parse_size(value)
+    except ValueError:
+        return False
+    return True
+
+
 def _environment(root: Path) -> jinja2.Environment:
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(
         # only the tree the template came from: its own lib/ macros, never another directory's
@@ -231,6 +277,8 @@ def _environment(root: Path) -> jinja2.Environment:
     )
     env.globals["fail"] = _fail
     env.filters["rate"] = parse_rate
+    env.filters["size"] = parse_size
+    env.tests["size"] = _is_size      # a string variable that may hold a size: `x is size and (x | size) < ...`
     return env
 
 
@@ -255,7 +303,8 @@ def render_file(root: Path, relpath: str, variables: dict, where: Where) -> str:
                          "fix the template") from None
 
 
-def render(tpl: Template, variables: dict, path: list[Path], where: Where) -> str:
+def render(tpl: Template, variables: dict, path: list[Path], where: Where, where_of=None) -> str:
+    """`where_of(var)` locates a `fail(message, var)` at that variable (as resolve_vars's)."""
     _check_not_writable_by_others(tpl, where)
     env = _environment(tpl.directory.parent)
     try:
@@ -265,8 +314,9 @@ def render(tpl: Template, variables: dict, path: list[Path], where: Where) -> st
                          f"the sandbox forbids: {exc}", "templates may only format the variables they are "
                          "given; remove the expression") from None
     except TemplateFailure as exc:
-        raise InputError(where, f"template {tpl.name!r} cannot build this: {exc}",
-                         "change the vars (see `labctl templates " + tpl.name + "`)") from None
+        at = where_of(exc.var) if exc.var and where_of and exc.var in tpl.vars else where
+        raise InputError(at, f"template {tpl.name!r} cannot build this: {exc}",
+                         f"change {exc.var if at is not where else 'the vars'} (see `labctl templates {tpl.name}`)") from None
     except jinja2.UndefinedError as exc:
         raise InputError(where, f"template {tpl.name!r} uses an undefined variable: {exc.message}",
                          f"declare it in {tpl.directory / VARS_FILE}") from None
