@@ -173,7 +173,13 @@ def input_error(exc: ValidationError, smap: SourceMap, root=None) -> InputError:
         msg = msg.removeprefix("Value error, ")
     value = err.get("input")
     shown = f" (got {value!r})" if not isinstance(value, (dict, list)) else ""
-    return InputError(smap.where(loc), f"{msg}{shown}", _field_help(loc, root) or "see the format in README.md")
+    return InputError(smap.where(loc), f"{msg}{shown}", _field_help(loc, root) or f"see the format in {_format_doc(root)}")
+
+
+def _format_doc(root=None) -> str:
+    """Where the format of the file being read is written down."""
+    name = getattr(root, "__name__", "")
+    return {"Workload": "docs/traffic.md", "Experiment": "docs/experiments.md"}.get(name, "docs/lab-model.md")
 
 
 def _model_at(loc: tuple, root=None):
@@ -215,4 +221,6 @@ def _field_help(loc: tuple, root=None) -> str | None:
     field = model.model_fields.get(loc[-1])
     if field is None or not field.description:
         return None
-    return f"{loc[-1]} is {field.description}"
+    # the field's description names what the key is; said as a sentence, then where the format is
+    where = "" if "docs/" in field.description else f" (the format: {_format_doc(root)})"
+    return f"{loc[-1]} is {field.description}{where}"
