@@ -104,7 +104,8 @@ def test_a_path_trace_that_fails_after_the_run_is_a_note_not_a_lost_run(tmp_path
     during the run can leave a destination unroutable. The run's results stand, with a note
     saying the paths were not traced (it once ended `labctl run` with an error and no results)."""
     from labctl.errors import LabError
-    from labctl.traffic.run import _placement, build_ops, participants
+    from labctl.traffic.placement import traced
+    from labctl.traffic.run import build_ops, participants
     from labctl.traffic.workload import load_workload
     plan = compile_plan(load_topology(ROOT / "topologies" / "leaf-spine.yml", sets=["scale_up=false"]))
     wf = tmp_path / "ar.yml"
@@ -115,6 +116,6 @@ def test_a_path_trace_that_fails_after_the_run_is_a_note_not_a_lost_run(tmp_path
 
     def unroutable(*args, **kwargs):
         raise LabError("leaf1 cannot route to 10.1.0.16: Network is unreachable")
-    out = _placement(plan, unroutable, loaded.workload, ops, ranks)
+    out = traced(plan, unroutable, loaded.workload, [op.schedule for op in ops[:1]], ranks)
     assert "ring_placement" not in out and "fabric_paths" not in out, out
     assert out["trace_error"].startswith("the ring's paths were not traced after the run (leaf1 cannot route"), out

@@ -9,10 +9,38 @@ from __future__ import annotations
 
 import ipaddress
 
+from labctl.errors import LabError
 from labctl.plan.model import LabPlan, Node
 from labctl.traffic import roce
 from labctl.traffic.pool import gpu_ranks, path_ports
 from labctl.traffic.sender import qpn
+
+
+RINGS = ("all_reduce", "reduce_scatter", "all_gather")
+MAX_TRACED_FLOWS = 1024     # a trace asks every hop's kernel: about 3 ms a flow
+
+
+def traced(plan: LabPlan, trace, w, schedules: list, ranks: list[int]) -> dict:
+    """What a run's results say about its paths: where ECMP put a ring's hops (`ring_placement`)
+    and the fabric paths of the pairs of `schedules` (`fabric_paths`, the run's first operation),
+    where the workload's options let a trace tell (one channel, ports that are not random)."""
+    out = {}
+    try:
+        if w.collective in RINGS and w.options.qps == 1 and w.options.channels == 1 \
+                and w.options.sport != "random" and paths_fixed(plan):
+            hops = ring_hops(plan, trace, ranks, w.options.sport)
+            out["ring_placement"] = {"hops": hops, "note": collision_note(hops)}
+        if w.collective in RINGS + ("hier_all_reduce",) and w.options.channels == 1 \
+                and w.options.sport != "random" and w.options.qps * len(ranks) <= MAX_TRACED_FLOWS:
+            pairs = {(t.src, t.dst) for s in schedules for t in s.transfers}
+            out["fabric_paths"] = fabric_paths(plan, trace, pairs, w.options.qps, w.options.sport)
+    except LabError as exc:
+        # the paths are traced on the lab as it is after the run: a link taken down during it (an
+        # experiment's step, `labctl link down`) can leave a destination unroutable; the run stands
+        out.pop("ring_placement", None)
+        out["trace_error"] = (f"the ring's paths were not traced after the run ({exc}): a link down? "
+                              f"`labctl route SRC DST` traces one path once the lab routes again")
+    return out
 
 
 def paths_fixed(plan: LabPlan) -> bool:

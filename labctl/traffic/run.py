@@ -12,7 +12,7 @@ from labctl import procs
 from labctl.paths import new_run_dir  # noqa: F401  (where callers have always found it)
 from labctl.telemetry.stallwatch import StallWatch
 from labctl.telemetry import agentreport, reaction
-from labctl.errors import InputError, LabError, Where
+from labctl.errors import InputError, Where
 from labctl.plan.model import LabPlan
 from labctl.state import LabDir
 from labctl.telemetry import fabricports, ledger, linkbytes
@@ -177,8 +177,6 @@ def dcqcn_params(o) -> Params:
                   byte_counter=o.dcqcn_byte_counter, min_cut_interval=o.cnp_interval * 1e-9 / 2)
 
 
-RINGS = ("all_reduce", "reduce_scatter", "all_gather")
-MAX_TRACED_FLOWS = 1024     # a trace asks every hop's kernel: about 3 ms a flow
 
 
 def prepare(plan: LabPlan, loaded: LoadedWorkload, build: bool = True) -> tuple[list[int], list[Op], list]:
@@ -243,7 +241,7 @@ def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Pa
         # train's own per-fabric payload figures stay in doc["train"]
         doc["dim_bytes"] = doc["train"]["dim_bytes"]
     if trace is not None:
-        doc.update(_placement(plan, trace, w, ops, ranks))
+        doc.update(placement.traced(plan, trace, w, [op.schedule for op in ops[:1]], ranks))
     doc["slow_run"] = causes.explain(doc, out_dir / "queues.csv")
     (out_dir / "results.json").write_text(json.dumps(doc, indent=1))
     return doc
@@ -298,28 +296,6 @@ def _play(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, ops: list, tcp_flo
     series = sampler.close()
     counters = pool.close() if pool is not None else {}
     return results, flow_results, series, sampler.pfc.long_reads, counters
-
-
-def _placement(plan: LabPlan, trace, w, ops: list, ranks: list[int]) -> dict:
-    """Where ECMP put a ring's hops, and the fabric paths of the first operation's pairs, where
-    the run's options let a trace tell (one channel, ports that are not random)."""
-    out = {}
-    try:
-        if w.collective in RINGS and w.options.qps == 1 and w.options.channels == 1 \
-                and w.options.sport != "random" and placement.paths_fixed(plan):
-            hops = placement.ring_hops(plan, trace, ranks, w.options.sport)
-            out["ring_placement"] = {"hops": hops, "note": placement.collision_note(hops)}
-        if w.collective in RINGS + ("hier_all_reduce",) and w.options.channels == 1 \
-                and w.options.sport != "random" and w.options.qps * len(ranks) <= MAX_TRACED_FLOWS:
-            pairs = {(t.src, t.dst) for op in ops[:1] for t in op.schedule.transfers}
-            out["fabric_paths"] = placement.fabric_paths(plan, trace, pairs, w.options.qps, w.options.sport)
-    except LabError as exc:
-        # the paths are traced on the lab as it is after the run: a link taken down during it (an
-        # experiment's step, `labctl link down`) can leave a destination unroutable; the run stands
-        out.pop("ring_placement", None)
-        out["trace_error"] = (f"the ring's paths were not traced after the run ({exc}): a link down? "
-                              f"`labctl route SRC DST` traces one path once the lab routes again")
-    return out
 
 
 def fabric_bytes(plan: LabPlan, ops: list[Op], before: dict, after: dict, tcp: bool) -> dict:
