@@ -75,3 +75,12 @@ def test_a_train_report_says_where_each_dimension_went_and_flags_tp_off_nvlink()
     assert len(lines) == 2 and lines[1].startswith("# note: 69% of tp's bytes cross scaleout, a fabric tp is not "
                                                    "meant for (tp on scaleup)"), lines
     assert dimension_lines({"ep": {"scaleacross": 10}})[1].startswith("# note: 100% of ep's bytes cross scaleacross")
+
+
+def test_a_timed_out_operation_is_named_and_not_blamed_on_the_cpu(tmp_path):
+    d = doc(6.0, 1.0)
+    d["results"][0]["timed_out"] = True
+    out = causes.explain(d, tmp_path / "none.csv")
+    names = [c.split(":")[0] for c in out["causes"]]
+    assert names == ["timed out"], out
+    assert "about 4.99 s beyond their bound" in out["causes"][0], out

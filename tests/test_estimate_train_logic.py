@@ -1,5 +1,7 @@
-"""`labctl estimate --train`'s step time: propagation counted as the lab's bound counts it, the
-placement order the lab measures, and what it prints about the other placement (pure logic)."""
+"""`labctl estimate --train`'s step time: propagation along the longest chain of the lab's own
+schedule, the placement order the lab measures, and what it prints about the other placement (pure
+logic). The model adds the chain's delays to the bytes' time, as a prediction of the step; the
+lab's bound (traffic/bound.py), a floor, lets a sliced ring hide most of them."""
 from __future__ import annotations
 
 import random
@@ -43,7 +45,7 @@ def test_a_km_of_wan_adds_a_few_one_way_delays_to_the_step_not_one_per_ring_step
 @pytest.mark.parametrize("interleave", [False, True])
 def test_propagation_is_the_longest_chain_of_the_labs_own_schedule(interleave):
     """The dp sequence (reduce-scatter, replica all-reduce, all-gather) built by the lab's StepBuilder,
-    its longest chain of per-hop delays (pool.longest_chain, as bound_parts) against the model's."""
+    its longest chain of per-hop delays (bound.longest_chain) against the model's."""
     cl = et.Cluster(32, 2, 16, dict.fromkeys(et.HOP_FABRICS, 1e9),
                     {"scaleup": 0.0, "scaleout": 1e-3, "scaleacross": 0.25})
     members = list(range(32))

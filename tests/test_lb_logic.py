@@ -346,3 +346,20 @@ def test_a_run_reports_its_reordering_naks_and_resent_bytes():
     assert reordering_line(r) == ("# reordering: 10.00% of 1,000 data packets arrived after a later one (100); "
                                   "go-back-N receivers (ooo: drop): 7 NAKs, 50 packets (210,000 bytes) resent")
     assert reordering(counters, {"reliable": False})["receivers"] == "unreliable"
+
+
+def test_a_switch_whose_routes_the_plan_does_not_hold_is_taken_to_have_chosen():
+    """On a BGP lab FRR learns the routes and the plan holds none: a port two ring hops share
+    there still counts as ECMP's (it once read no collision at all on leaf-spine-bgp)."""
+    from labctl.plan.compile import compile_plan
+    from labctl.topology.load import load_topology
+    from labctl.traffic.placement import _multipath
+    ROOT = Path(__file__).resolve().parents[1]
+    bgp = compile_plan(load_topology(ROOT / "topologies" / "leaf-spine-bgp.yml", []))
+    leaf = bgp.node("leaf1")
+    assert not leaf.routes and _multipath(leaf, "10.1.0.9")
+    static = compile_plan(load_topology(ROOT / "topologies" / "leaf-spine.yml", []))
+    far = next(i.address.split("/")[0] for n in static.nodes if n.kind == "gpu" for i in n.interfaces
+               if i.peer_node == "leaf4")
+    assert _multipath(static.node("leaf1"), far)           # two spines toward leaf4
+    assert not _multipath(static.node("spine1"), far)      # one link down to leaf4

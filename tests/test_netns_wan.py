@@ -148,6 +148,12 @@ def test_hsdp_sends_only_the_replica_all_reduce_across_the_wan(built_lab, tmp_pa
                     assert crossing == 0, c.label
     assert replica > 0 and all(r["wrong"] == 0 for r in doc["results"])
     assert crossed == pytest.approx(replica * (1 + 62 / 4096), rel=0.05), (crossed, replica)
+    # the report judges it by HSDP's own formula with the groups group_by: made (4 a zone, 2
+    # replicas), not by g = n (it once read 0.978 of a formula for one group of all 8)
+    f = doc["fsdp"]
+    assert f["expected_formula"].endswith("g=4 r=2"), f["expected_formula"]
+    sent = sum(f["bytes_per_rank"].values()) / len(f["bytes_per_rank"])
+    assert sent == pytest.approx((3 * 3 / 4 + 2 * 1 / 2 / 4) * f["model_bytes_scaled"], rel=0.01), f
 
 
 def test_an_all_reduce_across_zones_slows_as_the_wan_gets_longer(built_lab, lab_name, tmp_path):

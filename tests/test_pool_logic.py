@@ -119,3 +119,15 @@ def test_a_path_trace_that_fails_after_the_run_is_a_note_not_a_lost_run(tmp_path
     out = traced(plan, unroutable, loaded.workload, [op.schedule for op in ops[:1]], ranks)
     assert "ring_placement" not in out and "fabric_paths" not in out, out
     assert out["trace_error"].startswith("the ring's paths were not traced after the run (leaf1 cannot route"), out
+
+
+def test_a_victim_beside_the_collective_is_not_in_its_bound():
+    """congestion-spreading's victim runs beside the incast and is timed apart: its bytes in the
+    bound made the collective's bound 2.27 s where the collective alone can finish in 1.62."""
+    plan = compile_plan(load_topology(ROOT / "topologies" / "leaf-spine.yml", sets=["scale_up=false"]))
+    nodes = gpu_ranks(plan)
+    a, b, c, d = sorted(nodes)[:4]
+    ring = sch.ring_all_reduce([a, b, c], 3 << 20, 512 << 10)
+    victim = sch.Transfer(10_000, d, a, 8 << 20, (), "victim", 0)
+    beside = sch.Schedule(ring.collective, ring.ranks, ring.size, ring.transfers + [victim], ring.algorithm)
+    assert bound_parts(plan, beside, nodes) == bound_parts(plan, ring, nodes)

@@ -181,8 +181,9 @@ def send(lab_path: Path, picked: dict[str, dict]) -> None:
 # What a queue of `buffer` bytes can reach: marking starts below it (a Kmin at the buffer never
 # marks), reaches Pmax within it (tc-red(8) asks the same: a limit above max), and a pause starts
 # before it is full (an XOFF at the buffer drops before it pauses). XON stays below XOFF (validate).
+# a Kmax above the buffer is not refused: marking then never reaches Pmax, which the plan allows
+# (a profile scaled to a fast port, qos.ecn.rate) and `tc show` marks, so tc set can put it back
 REACH = {"kmin": ("below", "it would never mark"),
-         "kmax": ("at most", "it fills before marking reaches Pmax"),
          "xoff": ("below", "it would drop before it pauses")}
 
 
@@ -193,10 +194,9 @@ def check_buffer(port: str, cls, wanted: dict) -> None:
     buffer = cls.buffer_bytes
     for name, (limit, why) in REACH.items():
         value = wanted.get(name)
-        if value is None or value < buffer or (limit == "at most" and value == buffer):
+        if value is None or value < buffer:
             continue
-        raise LabError(f"{port} class {cls.name}: --{name} {format_buffer(value)} is "
-                       f"{'above' if limit == 'at most' else 'at or above'} the queue's buffer of "
+        raise LabError(f"{port} class {cls.name}: --{name} {format_buffer(value)} is at or above the queue's buffer of "
                        f"{format_buffer(buffer)} ({buffer} B): {why}",
                        f"give --{name} {limit} {format_buffer(buffer)} (`labctl tc show {port}` shows each "
                        "class's buffer)")

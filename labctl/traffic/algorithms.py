@@ -12,7 +12,8 @@ summed over both trees, 2(n-1)/n x S on average, as a ring.
 size over bandwidth on the detected topology and picks the fastest. labctl does the same with its
 α-β bound on this lab's paths: `hier` when the ranks span more than one NVLink island holding
 several of them (NCCL builds its rings and trees NVLink first), else the lower bound of ring and
-tree at this size (trees win small messages: 2 log2 n latencies instead of 2(n-1)).
+tree at this size (trees win small messages where α is large: 2 log2 n latencies instead of 2(n-1);
+with α = 0 a pipelined tree's fill and drain can cost it more than a ring).
 """
 from __future__ import annotations
 

@@ -2,23 +2,28 @@
 
 Three things keep an operation from finishing sooner, and the bound is the largest of them:
 
-- **the ports' bytes** (α-β): per phase, the busiest NIC's payload bytes over its payload rate
-  (NVLink and Ethernet hops each at their own speed), plus α per step; phases one after another;
+- **the ports' bytes** (α-β, as NCCL's model counts them): per phase, the busiest NIC's payload
+  bytes over its payload rate (NVLink and Ethernet hops each at their own speed), plus α per
+  step, phases one after another;
 - **a port's bytes and the waits it cannot hide**: a port cannot send before its first transfer's
   data has reached it (the chain of transfers before it, each at its sender's rate plus its path's
   propagation delay), and after its last transfer the data still travels and the transfers that
   wait for it still run. So, for every port, the shortest wait before it + its bytes + the
   shortest wait after it. Across a WAN this is what a sliced ring pays: its slices overlap the
-  distance with sending, except once at each end of the busiest port's work;
+  distance with sending, except at each end of the busiest port's work;
 - **the longest chain of transfers that wait for one another**, each at its sender's rate plus
   its path's delay: a pipelined broadcast of one slice is its chain, whatever its busiest port.
 
-Each is a time no schedule can beat, so their maximum is one too: a run never beats its bound.
-An earlier bound added the chain's whole propagation to the ports' bytes; a ring slicing its data
-across a WAN finished in 0.85 of it.
+The second and third are floors for any schedule the agents play (a transfer starts once all it
+waits for has arrived). The first is too where each phase waits for the one before or shares its
+busiest port, as labctl's collectives do; a schedule whose phases ran side by side on different
+ports could beat it. Two margins are not modelled: HTB lets an idle port's first burst (a
+millisecond of its rate) out faster than the rate, and the transfers of a `victim:` (which the
+collective's time leaves out) are left out here too.
 
-The parts: `bandwidth_s` and `alpha_s` (the first), `propagation_s` (what the second adds to it:
-the waits a port cannot hide), `serial_s` (what the third adds beyond both: transfers in series).
+The parts: `bandwidth_s` and `alpha_s` (the first term); `serial_s`, what the waits add to it with
+no distance at all (a chain of transfers in series, a port waiting for its first data or followed
+by a pipeline's drain); `propagation_s`, what the paths' delays add on top of that.
 
 Dependencies are walked in topological order: a training step (traffic/train.py) makes its
 pipeline transfers first and gives them `after` entries that point at transfers made later.
@@ -93,6 +98,9 @@ def chain_seconds(plan: LabPlan, schedule: Schedule, nodes: dict[int, Node]) -> 
 
 def bound_parts(plan: LabPlan, schedule: Schedule, nodes: dict[int, Node], alpha_s: float = 0.0) -> dict:
     """The bound with its parts: bandwidth_s, alpha_s, propagation_s, serial_s, total_s (lab seconds)."""
+    # a victim runs beside the collective and is timed apart from it
+    schedule = Schedule(schedule.collective, schedule.ranks, schedule.size,
+                        [t for t in schedule.transfers if t.phase != "victim"], schedule.algorithm)
     cost = _costs(plan, schedule, nodes)
     parts = {"bandwidth_s": 0.0, "alpha_s": 0.0, "propagation_s": 0.0, "serial_s": 0.0}
     phases: dict[str, list] = {}
@@ -115,16 +123,15 @@ def bound_parts(plan: LabPlan, schedule: Schedule, nodes: dict[int, Node], alpha
     delay = {t.id: cost[(t.src, t.dst)][4] for t in schedule.transfers}
     # what the waits add, told apart: transfers in series with no distance at all (serial_s), then
     # what the paths' delays add to that (propagation_s)
-    no_distance = max(base, _waits(schedule, cost, send, dict.fromkeys(delay, 0.0), parts["bandwidth_s"]))
-    full = max(no_distance, _waits(schedule, cost, send, delay, parts["bandwidth_s"])) \
-        if any(delay.values()) else no_distance
+    no_distance = max(base, _waits(schedule, cost, send, dict.fromkeys(delay, 0.0)))
+    full = max(no_distance, _waits(schedule, cost, send, delay)) if any(delay.values()) else no_distance
     parts["serial_s"] = no_distance - base
     parts["propagation_s"] = full - no_distance
     parts["total_s"] = full
     return parts
 
 
-def _waits(schedule: Schedule, cost: dict, send: dict[int, float], delay: dict[int, float], bandwidth_s: float) -> float:
+def _waits(schedule: Schedule, cost: dict, send: dict[int, float], delay: dict[int, float]) -> float:
     """The larger of the longest chain of dependent transfers and, over every port, the shortest
     wait before its first transfer + its bytes + the shortest wait after its last (the module's
     docstring), each transfer taking `send` at its sender's rate and `delay` on its path."""

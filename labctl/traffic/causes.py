@@ -41,8 +41,9 @@ def explain(doc: dict, queues_csv: Path) -> dict | None:
                       f"sending cannot hide ({parts['propagation_s'] / bound:.0%}): before a port's first data "
                       f"arrives, after its last, and along chains of transfers that wait for one another")
     if parts["serial_s"] > 0:
-        causes.append(f"transfers in series: {parts['serial_s']:.2f} s of the bound is a chain of transfers that wait "
-                      f"for one another, longer than the busiest port's bytes ({parts['serial_s'] / bound:.0%})")
+        causes.append(f"waits in series: {parts['serial_s']:.2f} s of the bound ({parts['serial_s'] / bound:.0%}) is "
+                      f"transfers that wait for one another: a chain longer than the busiest port's bytes, or that "
+                      f"port waiting for its first data and the pipeline draining after its last")
     placed = doc.get("ring_placement") or {}
     stretched = 0.0
     if placed.get("note"):          # there is a note only where ECMP put ring hops on one link
@@ -65,11 +66,18 @@ def explain(doc: dict, queues_csv: Path) -> dict | None:
             # resent bytes cross the same ports again: the bandwidth time grows by their share of the
             # schedule's bytes (go-back-N's waits for its timer come on top, in what is left)
             resending = max(0.0, min(parts["bandwidth_s"] * resent / sent, time_s - bound - stretched))
-            text += (f"; go-back-N resent {resent:,} bytes ({resent / sent:.0%} on top of the {sent:,} the "
-                     f"operations send), about {resending:.2f} s at the ports' rate ({resending / time_s:.0%} of "
-                     f"the run)")
+            text += (f"; go-back-N resent {resent:,} bytes on the wire over the whole run ({resent / sent:.0%} on "
+                     f"top of the {sent:,} payload bytes its measured operations send), about {resending:.2f} s at "
+                     f"the ports' rate ({resending / time_s:.0%} of the run)")
         causes.append(text)
     rest = time_s - bound - stretched - resending
+    timed = [r for r in rs if r.get("timed_out")]
+    if timed:
+        # an operation that did not finish counts until its agents gave up: waiting, not the CPU
+        waited = max(0.0, min(rest, sum(max(0.0, r["time_s"] - r["ideal_s"]) for r in timed)))
+        causes.append(f"timed out: {len(timed)} of {len(rs)} operations did not finish; they count the time until "
+                      f"their agents gave up waiting for what never came, about {waited:.2f} s beyond their bound")
+        rest -= waited
     if rest > UNEXPLAINED_SHARE * time_s:
         ranks = max(1, len(doc.get("ranks", [])))
         causes.append(f"the CPU ceiling of this machine: the other {rest:.2f} s ({rest / time_s:.0%} of the run) "

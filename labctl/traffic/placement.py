@@ -79,14 +79,16 @@ def ring_hops(plan: LabPlan, trace, order: list[int] | None = None, sport_policy
 
 
 def _multipath(node: Node, address: str) -> bool:
-    """Whether `node`'s route to `address` (its longest match) has more than one next hop."""
+    """Whether `node` may have chosen among next hops toward `address`: its planned route (the
+    longest match) has more than one, or the plan does not know its routes (FRR's BGP learns
+    them, a te: rule's table holds its own), where the trace's choice is taken as a draw."""
     dst = ipaddress.ip_address(address)
     best = None
     for route in node.routes:
         net = ipaddress.ip_network(route.dst, strict=False)
         if dst in net and (best is None or net.prefixlen > best[0].prefixlen):
             best = (net, route)
-    return best is not None and len(best[1].nexthops) > 1
+    return best is None or bool(node.te) or len(best[1].nexthops) > 1
 
 
 def _port_rate(node: Node, port: str) -> int:

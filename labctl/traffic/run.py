@@ -232,7 +232,8 @@ def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Pa
            "controller_reaction": reactions}
     doc.update(fabric_bytes(plan, ops, link_bytes_before, link_bytes_after, bool(tcp_flows)))
     if w.fsdp:
-        doc["fsdp"] = _fsdp_summary(w, ranks, results)
+        group = _grouped(plan, ranks, w.fsdp.group_by, loaded)[1] if w.fsdp.group_by else w.fsdp.group_size
+        doc["fsdp"] = _fsdp_summary(w, ranks, results, group)
     if w.train:
         first = next(k for k, op in enumerate(ops) if not op.warmup)
         doc["train"] = train_run.summary(plan, train_run.step_config(plan, loaded, ranks), ops[first].schedule,
@@ -365,14 +366,16 @@ def _result(plan: LabPlan, op: Op, ideal: float, reports: dict) -> dict:
     }
 
 
-def _fsdp_summary(w, ranks: list[int], results: list[dict]) -> dict:
+def _fsdp_summary(w, ranks: list[int], results: list[dict], group_size: int | None) -> dict:
+    """The step's bytes per rank against its strategy's formula; `group_size` is HYBRID_SHARD's
+    group as the step was built (group_by: resolves it from the lab)."""
     f = w.fsdp
     model = fsdp.model_from(f.model, f.layers, f.hidden, f.params_per_layer, f.dtype)
     n = len(ranks)
     first = [r for r in results if r["iteration"] == 0]
     per_rank = {rk: sum(r["per_rank"][str(rk)]["bytes_sent"] for r in first) for rk in ranks}
     scaled_model = model.bytes * f.scale
-    expected, formula = fsdp.expected_per_rank(f.strategy, n, scaled_model, f.group_size)
+    expected, formula = fsdp.expected_per_rank(f.strategy, n, scaled_model, group_size)
     return {"model_bytes_scaled": scaled_model, "expected_full_shard_bytes_per_rank": 3 * (n - 1) / n * scaled_model,
             "expected_bytes_per_rank": expected, "expected_formula": formula,
             "bytes_per_rank": per_rank, "step_time_s": sum(r["time_s"] for r in first),
