@@ -84,3 +84,17 @@ def test_a_timed_out_operation_is_named_and_not_blamed_on_the_cpu(tmp_path):
     names = [c.split(":")[0] for c in out["causes"]]
     assert names == ["timed out"], out
     assert "about 4.99 s beyond their bound" in out["causes"][0], out
+
+
+def test_go_back_n_resends_are_charged_their_payload_share_of_the_ports_time(tmp_path):
+    """100 frames of 4 KB resent over 20 MB of operations on a 1 s bandwidth bound: their payload
+    crosses the ports again, 409,600 / 20,000,000 of that second; the rest is still named."""
+    from labctl.traffic.roce import FRAME_OVERHEAD
+    d = doc(2.0, 1.0)
+    d["loss_ledger"]["total"] = 100
+    d["reordering"] = {"retransmitted_packets": 100, "retransmitted_bytes": 100 * (4096 + FRAME_OVERHEAD)}
+    out = causes.explain(d, tmp_path / "none.csv")
+    loss = out["causes"][0]
+    assert loss.startswith("loss: 100 packets dropped (loss ledger); go-back-N resent 409,600 payload bytes"), loss
+    assert "about 0.02 s at the ports' rate" in loss, loss
+    assert out["causes"][1].startswith("the CPU ceiling of this machine: the other 0.97 s"), out

@@ -58,7 +58,11 @@ def explain(doc: dict, queues_csv: Path) -> dict | None:
         causes.append(f"pauses: {frames:,} PFC frames sent; the longest-held class waited {held:.2f} s")
     sent = sum(p["bytes_sent"] for r in rs for p in r["per_rank"].values())
     lost = doc.get("loss_ledger", {}).get("total", 0)
-    resent = (doc.get("reordering") or {}).get("retransmitted_bytes", 0)
+    r = doc.get("reordering") or {}
+    # the agents count resent frames whole: their payload is what crosses the ports again in the
+    # bound's unit (each frame's Ethernet, IP, UDP, BTH and ICRC are in the rate, not the bytes)
+    from labctl.traffic.roce import FRAME_OVERHEAD
+    resent = max(0, r.get("retransmitted_bytes", 0) - r.get("retransmitted_packets", 0) * FRAME_OVERHEAD)
     resending = 0.0
     if lost or resent:
         text = f"loss: {lost} packets dropped (loss ledger)"
@@ -66,9 +70,9 @@ def explain(doc: dict, queues_csv: Path) -> dict | None:
             # resent bytes cross the same ports again: the bandwidth time grows by their share of the
             # schedule's bytes (go-back-N's waits for its timer come on top, in what is left)
             resending = max(0.0, min(parts["bandwidth_s"] * resent / sent, time_s - bound - stretched))
-            text += (f"; go-back-N resent {resent:,} bytes on the wire over the whole run ({resent / sent:.0%} on "
-                     f"top of the {sent:,} payload bytes its measured operations send), about {resending:.2f} s at "
-                     f"the ports' rate ({resending / time_s:.0%} of the run)")
+            text += (f"; go-back-N resent {resent:,} payload bytes over the whole run, warm-up included "
+                     f"({resent / sent:.0%} on top of the {sent:,} its measured operations send), about "
+                     f"{resending:.2f} s at the ports' rate ({resending / time_s:.0%} of the run)")
         causes.append(text)
     rest = time_s - bound - stretched - resending
     timed = [r for r in rs if r.get("timed_out")]
