@@ -384,8 +384,9 @@ def test_up_of_broken_labs_leaves_nothing_behind(tmp_path, state_dir, lab_name):
 
     check()
     after = set(os.listdir("/var/run/netns")) if os.path.isdir("/var/run/netns") else set()
-    # another test's lab (its own unique lt* name) may come and go beside this one under xdist
-    others = re.compile(rf"{TEST_PREFIX}[0-9a-f]{{6}}-")
+    # another test's lab may come and go beside this one under xdist: every test names its labs
+    # lt-something (conftest's lt + 6 hex, test_netns_vxlan's ltvx + 4 hex, lt-swarm...), never another way
+    others = re.compile(rf"{TEST_PREFIX}[0-9a-z-]*-")
     made = {ns for ns in after - before if ns.startswith(lab_name + "-") or not others.match(ns)}
     assert not made, made
     assert refused > 0
