@@ -122,27 +122,30 @@ def bound_parts(plan: LabPlan, schedule: Schedule, nodes: dict[int, Node], alpha
     send = {t.id: t.nbytes / cost[(t.src, t.dst)][1] for t in schedule.transfers}
     delay = {t.id: cost[(t.src, t.dst)][4] for t in schedule.transfers}
     # what the waits add, told apart: transfers in series with no distance at all (serial_s), then
-    # what the paths' delays add to that (propagation_s)
-    no_distance = max(base, _waits(schedule, cost, send, dict.fromkeys(delay, 0.0)))
-    full = max(no_distance, _waits(schedule, cost, send, delay)) if any(delay.values()) else no_distance
+    # what the paths' delays add to that (propagation_s); the dependency order serves both
+    order = topological(schedule.transfers)
+    then: dict[int, list[int]] = defaultdict(list)
+    for t in schedule.transfers:
+        for d in t.after:
+            then[d].append(t.id)
+    no_distance = max(base, _waits(schedule, order, then, cost, send, dict.fromkeys(delay, 0.0)))
+    full = max(no_distance, _waits(schedule, order, then, cost, send, delay)) if any(delay.values()) \
+        else no_distance
     parts["serial_s"] = no_distance - base
     parts["propagation_s"] = full - no_distance
     parts["total_s"] = full
     return parts
 
 
-def _waits(schedule: Schedule, cost: dict, send: dict[int, float], delay: dict[int, float]) -> float:
+def _waits(schedule: Schedule, order: list[Transfer], then: dict[int, list[int]], cost: dict,
+           send: dict[int, float], delay: dict[int, float]) -> float:
     """The larger of the longest chain of dependent transfers and, over every port, the shortest
     wait before its first transfer + its bytes + the shortest wait after its last (the module's
-    docstring), each transfer taking `send` at its sender's rate and `delay` on its path."""
-    order = topological(schedule.transfers)
+    docstring), each transfer taking `send` at its sender's rate and `delay` on its path; `order`
+    is the transfers in dependency order, `then` each transfer's dependents."""
     head: dict[int, float] = {}                 # the earliest a transfer can start
     for t in order:
         head[t.id] = max((head[d] + send[d] + delay[d] for d in t.after if d in head), default=0.0)
-    then: dict[int, list[int]] = defaultdict(list)
-    for t in schedule.transfers:
-        for d in t.after:
-            then[d].append(t.id)
     after_end: dict[int, float] = {}            # the least time from the end of its sending to the end
     for t in reversed(order):
         after_end[t.id] = delay[t.id] + max((send[s] + after_end[s] for s in then[t.id]), default=0.0)
