@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import signal
 import subprocess
 import time
@@ -237,6 +238,55 @@ def test_a_collective_that_stopped_moving_gives_up_long_before_its_deadline(lab,
     assert deadline > 60 and 4.5 < quiet < 6, (deadline, quiet)
     assert quiet < took < quiet + 5, took
     assert labmod.pingall(plan, "backend")[1] == []       # the shared lab is whole again
+
+
+def _agents_of(node) -> list[int]:
+    pids = nsutil.pids_in({nsutil.inode(node.namespace)})
+    assert pids, f"no agent runs in {node.namespace}"
+    return pids
+
+
+def _signal_all(pids: list[int], sig) -> None:
+    for pid in pids:
+        os.kill(pid, sig)
+
+
+def test_a_stall_of_the_waiting_agent_is_not_silence(lab, tmp_path):
+    """A machine that stalls whole (a VM whose host is busy) stops every agent at once, and when it
+    runs again nothing has arrived for longer than the quiet floor: because nothing ran, not because
+    something was lost. Here the sender is stopped, its queue drains, the receiver is stopped for
+    the quiet floor + 2 s, then let go 0.6 s before the sender (longer than its 0.2 s grace): the
+    receiver must count the time it did not run as not silence, and the message arrives whole."""
+    import threading
+    from labctl.traffic.agent import RECEIVER_GRACE_S
+    from labctl.traffic.pool import quiet_floor
+    from labctl.traffic.run import time_outs
+    plan, d = lab
+    w = workload(tmp_path, "name: stall\ncollective: sendrecv\nsizes: [24MB]\n"
+                           "participants: [srv2-gpu0, srv1-gpu0]\n")
+    frozen = quiet_floor(plan) + 2.0
+    out = {}
+    runner = threading.Thread(target=lambda: out.update(doc=run_workload(plan, d, w, tmp_path / "run")))
+    runner.start()
+    try:
+        time.sleep(1.5)                           # the agents started and the message is on its way
+        sender, receiver = _agents_of(plan.node("srv2-gpu0")), _agents_of(plan.node("srv1-gpu0"))
+        _signal_all(sender, signal.SIGSTOP)
+        time.sleep(0.5)                           # what the sender's queue held has arrived
+        _signal_all(receiver, signal.SIGSTOP)
+        time.sleep(frozen)
+        _signal_all(receiver, signal.SIGCONT)
+        time.sleep(0.6)
+        _signal_all(sender, signal.SIGCONT)
+    finally:
+        for pid in nsutil.pids_in({nsutil.inode(plan.node(n).namespace) for n in ("srv1-gpu0", "srv2-gpu0")}):
+            os.kill(pid, signal.SIGCONT)
+        runner.join(timeout=120)
+    (r,) = out["doc"]["results"]
+    _, quiet = time_outs(None, r["ideal_s"], quiet_floor(plan))
+    assert frozen + 0.6 > quiet + RECEIVER_GRACE_S, (frozen, quiet)   # the premise: silence, as the receiver sees it
+    assert not r["timed_out"] and r["wrong"] == 0, json.dumps(r)[:2000]
+    assert r["time_s"] > frozen + 1.1, r          # the stall is in its time, not hidden
 
 
 NFT_MARK_CE = """table ip labctl_test {

@@ -28,6 +28,15 @@ SO_RCVBUFFORCE = 33          # root may exceed net.core.rmem_max: a burst must n
 RCVBUF = 32 << 20
 LATE_GRACE_S = 0.2            # how long a message short of a packet waits for it to come late
 RECEIVER_GRACE_S = 0.2        # one more wait before silence is declared, for packets a stall left unread
+STALL_SLACK_S = 0.05          # a wait returning this much late is the scheduler's noise, not a stall
+
+
+def _overslept(cond, timeout: float) -> float:
+    """Wait on `cond` for up to `timeout` s; how much later than that it returned, past the
+    scheduling noise of a busy machine (STALL_SLACK_S): the time this process did not run."""
+    t0 = time.monotonic()
+    cond.wait(timeout)
+    return max(0.0, time.monotonic() - t0 - timeout - STALL_SLACK_S)
 
 
 class Agent:
@@ -69,15 +78,22 @@ class Agent:
         one that stopped is not waited for to its deadline."""
         cond = self.receiver.cond
         graced = False
+        # the time this process did not run since it last heard anything (its waits returned that
+        # much later than asked): a machine that stalls whole (a VM whose host is busy, a frozen
+        # cgroup) stops the senders with it, and after such a stall nothing has arrived because
+        # nothing ran, not because something was lost
+        stalled, heard = 0.0, self.last_arrival
         while not pred():
             now = time.monotonic()
-            end = min(deadline, max(since, self.last_arrival) + quiet)
+            if self.last_arrival != heard:
+                stalled, heard = 0.0, self.last_arrival
+            end = min(deadline, max(since, self.last_arrival) + quiet + stalled)
             if now >= end:
                 if end < deadline and not graced:
                     # after a stall of this process, the receiver thread may hold packets it has
                     # not read yet: one more wait lets it count them before silence is declared
                     graced = True
-                    cond.wait(RECEIVER_GRACE_S)
+                    stalled += _overslept(cond, RECEIVER_GRACE_S)
                     continue
                 return False
             if self.sender.reliable:
@@ -90,9 +106,9 @@ class Agent:
                     cond.acquire()
                 if pred():
                     break
-                cond.wait(min(end - now, 0.005 if pending else 0.5))
+                stalled += _overslept(cond, min(end - now, 0.005 if pending else 0.5))
                 continue
-            cond.wait(min(end - now, 0.5))
+            stalled += _overslept(cond, min(end - now, 0.5))
         return True
 
     def run(self, op: dict) -> dict:

@@ -90,8 +90,10 @@ def retransmission_timeout(plan: LabPlan) -> float:
 # start time, START_MARGIN_S + 1 ms a rank ahead. A late `go` is measured, not hidden (late_start_s).
 START_MARGIN_S, START_MARGIN_PER_RANK_S = 0.015, 0.001
 
-# What a healthy agent can wait on top of the lab's own silences: the machine's stalls (a CPU taken
-# by another lab's burst, a page fault storm) and its own scheduling, under load, with margin.
+# What a healthy agent can wait on top of the lab's own silences: another process's stalls (a
+# sender whose CPU another lab's burst took, a page fault storm) and its own scheduling, under load,
+# with margin. A stall of the waiting agent itself (the whole machine's: a VM whose host is busy)
+# is measured by the agent and not counted as silence (agent.py).
 STALL_MARGIN_S = 1.5
 
 
