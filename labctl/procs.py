@@ -37,20 +37,6 @@ def start_time(pid: int) -> int | None:
     return int(fields[19])
 
 
-def descendant(pid: int) -> int:
-    """The last of a chain of only children (a wrapper that forked once, as nsenter does to enter
-    a PID namespace): `pid` itself if it has no child."""
-    while True:
-        try:
-            with open(f"/proc/{pid}/task/{pid}/children") as f:
-                children = f.read().split()
-        except OSError:
-            return pid
-        if len(children) != 1:
-            return pid
-        pid = int(children[0])
-
-
 def identity(pid: int) -> str:
     """What the journal records for a process labctl just started."""
     return f"{pid}:{start_time(pid) or 0}"
@@ -129,6 +115,22 @@ def prioritise_all(pid: int, priority: int = HELPER_RT_PRIORITY) -> str:
     for tid in tasks:
         prioritise(tid, priority)
     return said
+
+
+def share_cpu_group(pid: int) -> bool:
+    """Move a process into this process's CPU cgroup (cgroup v1's `cpu` hierarchy), where labctl's
+    helpers run real-time: a container's own group has no real-time budget (cpu.rt_runtime_us 0
+    under CONFIG_RT_GROUP_SCHED), so its processes cannot be made SCHED_FIFO there. True if moved."""
+    try:
+        own = next(line.split(":", 2)[2].strip() for line in open("/proc/self/cgroup")
+                   if "cpu" in line.split(":", 2)[1].split(","))
+        mount = next(line.split()[4] for line in open("/proc/self/mountinfo")
+                     if " - cgroup " in line and "cpu" in line.split()[-1].split(","))
+        with open(os.path.join(mount, own.lstrip("/"), "cgroup.procs"), "w") as f:
+            f.write(str(pid))
+        return True
+    except (OSError, StopIteration, IndexError):
+        return False
 
 
 def raise_fd_limit(need: int) -> None:

@@ -138,46 +138,27 @@ def test_a_switch_agent_needs_only_what_a_node_image_has():
     assert third_party == {"numpy"}, third_party
 
 
-def test_the_agent_behind_a_forking_wrapper_is_found_and_every_thread_is_scheduled(tmp_path):
-    """nsenter forks once to enter a PID namespace: the agent is its only child. A policy set on a
-    PID reaches one thread, so prioritise_all sets every thread's."""
+def test_every_thread_of_an_agent_is_scheduled(tmp_path):
+    """A policy set on a PID reaches one thread, so prioritise_all sets every thread's."""
     import subprocess
     import sys
     from labctl import procs
-    wrapper = subprocess.Popen(["sh", "-c", f"{sys.executable} -c 'import threading, time; "
-                                            "threading.Thread(target=time.sleep, args=(30,)).start(); "
-                                            "time.sleep(30)'; exit 0"])
+    child = subprocess.Popen([sys.executable, "-c", "import threading, time; "
+                              "threading.Thread(target=time.sleep, args=(30,)).start(); time.sleep(30)"])
     try:
-        python = os.path.realpath(sys.executable)
-
-        def exec_done(pid: int) -> bool:     # labctl asks once the agent said ready: long past its exec
-            try:
-                return os.readlink(f"/proc/{pid}/exe") == python
-            except OSError:
-                return False
         deadline = time.monotonic() + 10
-        # sh forks, then the child execs Python: until then the child is a copy of sh (its cmdline
-        # even names python, in sh's own arguments), and during the exec its cmdline reads empty
-        while not (procs.descendant(wrapper.pid) != wrapper.pid and exec_done(procs.descendant(wrapper.pid))) \
-                and time.monotonic() < deadline:
+        while len(os.listdir(f"/proc/{child.pid}/task")) < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
-        child = procs.descendant(wrapper.pid)
-        assert child != wrapper.pid and exec_done(child)
-        while len(os.listdir(f"/proc/{child}/task")) < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        said = procs.prioritise_all(child)
-        tasks = [int(t) for t in os.listdir(f"/proc/{child}/task")]
+        said = procs.prioritise_all(child.pid)
+        tasks = [int(t) for t in os.listdir(f"/proc/{child.pid}/task")]
         assert len(tasks) == 2
         if os.geteuid() == 0:
             assert said.startswith("SCHED_FIFO") and all(os.sched_getscheduler(t) == os.SCHED_FIFO for t in tasks)
         else:
             assert said.startswith("nice")
     finally:
-        child = procs.descendant(wrapper.pid)
-        if child != wrapper.pid:
-            os.kill(child, signal.SIGKILL)
-        wrapper.kill()
-        wrapper.wait()
+        child.kill()
+        child.wait()
 
 
 def test_plan_shows_where_each_agent_runs_and_what_a_container_is_given(monkeypatch):

@@ -187,6 +187,14 @@ def test_a_container_node_gets_the_least_it_needs(docker_engine, state_dir, lab_
         assert inside("echo 1 > /proc/sys/net/ipv4/ip_forward").returncode == 0, "the node's own netns is its own"
         assert inside("cat /proc/sys/net/ipv4/ip_forward").stdout.strip() == "1"
         assert inside("echo core > /proc/sys/kernel/core_pattern").returncode != 0, "the host's sysctls are not"
+        # what labctl runs in it is entered by the engine, under the same filter and flags, and no
+        # file of the container's runs before (an image's setpriv, run by nsenter with every
+        # capability of the host's root, was the author's code run as root on the host)
+        assert status["Seccomp"].strip() == "2" and status["NoNewPrivs"].strip() == "1", status
+        planted = "printf '#!/bin/sh\\ntouch /planted-ran\\nexec /usr/bin/setpriv \"$@\"\\n' > /usr/local/sbin/setpriv"
+        assert inside(planted + " && chmod 755 /usr/local/sbin/setpriv").returncode == 0
+        assert inside("true").returncode == 0
+        assert inside("test -e /planted-ran").returncode == 1, "a file of the container's ran before labctl's own"
     finally:
         labmod.down(lab_name)
     assert lab_namespaces(lab_name + "-") == []

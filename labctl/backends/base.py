@@ -105,14 +105,15 @@ class Backend:
     def set_rate(self, node: Node, iface: Interface, rate_bps: int) -> None:
         netconf.set_rate(node, iface, rate_bps)
 
-    def exec_argv(self, node: Node, argv: list[str]) -> list[str]:
+    def exec_argv(self, node: Node, argv: list[str], interactive: bool = False) -> list[str]:
         """A command line that runs `argv` inside the node (an argv list: nothing goes through a shell):
-        in a container node, in the container (its own tools, e.g. vtysh); elsewhere in its netns."""
+        in a container node, in the container (its own tools, e.g. vtysh; `interactive`: with this
+        process's stdin, and a terminal if it has one); elsewhere in its netns."""
         if node.container:
             from labctl.cluster.engines import Engines
             engines = Engines()
             try:
-                return engines.argv(node, argv)
+                return engines.argv(node, argv, interactive)
             finally:
                 engines.close()
         return self.netns_argv(node, argv)

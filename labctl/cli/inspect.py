@@ -81,7 +81,7 @@ def exec_(node, command, lab_name):
     labmod.require_root("labctl exec")
     from labctl.lifecycle import targets
     lab = labmod.default_lab(lab_name)
-    argv = labmod.backend_of(lab).exec_argv(targets.node(labmod.load_plan(lab), node), list(command))
+    argv = labmod.backend_of(lab).exec_argv(targets.node(labmod.load_plan(lab), node), list(command), interactive=True)
     os.execvp(argv[0], argv)  # an argv list: nothing the user typed goes through a shell
 
 

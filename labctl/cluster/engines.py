@@ -49,9 +49,9 @@ class Engines:
         from labctl.cluster import machines
         return machines.load()[machine].engine
 
-    def argv(self, node: Node, argv: list[str]) -> list[str]:
+    def argv(self, node: Node, argv: list[str], interactive: bool = False) -> list[str]:
         from labctl.containers.nodes import enter_argv
-        return enter_argv(self.container(node), self.engine_url(node.machine), argv)
+        return enter_argv(self.container(node), self.engine_url(node.machine), argv, interactive)
 
     def close(self) -> None:
         for c in self._clients.values():

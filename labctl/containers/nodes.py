@@ -39,7 +39,6 @@ NODE_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGI
                      "NET_BIND_SERVICE", "NET_RAW", "SYS_CHROOT", "MKNOD", "AUDIT_WRITE", "SETFCAP", "NET_ADMIN")
 # Docker's read-only /proc paths, with /proc/sys narrowed to what is not the node's own netns
 FRR_EXTRA = ("SYS_ADMIN",)
-SETPRIV = ("/usr/bin/setpriv", "/bin/setpriv")       # util-linux, in every Debian image (labctl's too)
 ENV = "/usr/bin/env"                 # never the first `env` on PATH: labctl runs as root
 SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 READONLY_PATHS = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sysrq-trigger", "/proc/sys/kernel", "/proc/sys/vm",
@@ -183,29 +182,21 @@ def can_grant(node: Node) -> None:
                        "remove it from cap_add:, or run the lab where root holds it")
 
 
-def enter_argv(ctr, engine_url: str, argv: list[str]) -> list[str]:
-    """A command line that runs `argv` in the container as `docker exec` would (its mount, UTS, IPC,
-    net and PID namespaces, its root and working directory, its environment: the image's ENV and
-    the node's env:, so PATH is the container's, and no capability the container lacks), with
-    nsenter and the image's own setpriv: 3 ms where the engine takes 50, and an exported leaf-spine
-    runs hundreds of exec lines. nsenter needs the host's capabilities to enter, so setpriv drops
-    them to the container's set before the command runs; an image without setpriv goes through
-    `docker exec` instead."""
-    pid = ctr.attrs["State"]["Pid"] if ctr else None
-    if not pid:
+def enter_argv(ctr, engine_url: str, argv: list[str], interactive: bool = False) -> list[str]:
+    """A command line that runs `argv` in the container through its engine (`docker exec`): the
+    engine enters the container with its namespaces, root, environment, cgroup, capabilities,
+    seccomp profile and no_new_privs, before anything of the container's runs. Nothing of the
+    container's may run earlier: its files are its author's (an image's `setpriv` or `sh` run by
+    nsenter, which enters with every capability of the host's root, ran the author's code as root
+    on the host), and neither may its environment reach a process of the host's (LD_PRELOAD)."""
+    if not (ctr and ctr.attrs["State"].get("Running")):
         raise LabError(f"container {ctr.name if ctr else ''} is not running".replace("  ", " "),
                        "`labctl status` shows the lab; `labctl down` and up again")
-    if not any(os.path.exists(f"/proc/{pid}/root{p}") for p in SETPRIV):
-        return [shutil.which("docker") or "/usr/bin/docker", "-H", engine_url, "exec", ctr.name, *argv]
-    hc = ctr.attrs.get("HostConfig") or {}
-    granted = held() if hc.get("Privileged") else node_capabilities(
-        ctr.attrs["Config"]["Image"], [c.upper().removeprefix("CAP_") for c in hc.get("CapAdd") or []])
-    caps = ",".join(["-all", *(f"+{c.lower()}" for c in granted)])
-    # as docker exec: a process entering a no_new_privs container gets the flag too
-    nnp = ["--no-new-privs"] if NO_NEW_PRIVILEGES in (hc.get("SecurityOpt") or []) else []
-    return [ENV, "-i", *container_env(ctr.attrs), shutil.which("nsenter", path=SYSTEM_PATH) or "/usr/bin/nsenter",
-            "-t", str(pid), "-m", "-u", "-i", "-n", "-p", "-r", "-w", "--",
-            "setpriv", "--bounding-set", caps, "--inh-caps", "-all", *nnp, "--", *argv]
+    flags = ["-i"] if interactive else []
+    if interactive and os.isatty(0) and os.isatty(1):
+        flags.append("-t")
+    return [shutil.which("docker", path=SYSTEM_PATH) or "/usr/bin/docker", "-H", engine_url, "exec", *flags,
+            ctr.name, *argv]
 
 
 def node_capabilities(image: str, extra: list[str] = ()) -> list[str]:
@@ -222,14 +213,27 @@ def _is_frr(image: str) -> bool:
     return image.split("@")[0].rsplit("/", 1)[-1].split(":")[0] == "frr"
 
 
-def container_env(attrs: dict) -> list[str]:
-    """The environment `docker exec` gives a process: the container's Config.Env, with HOSTNAME and
-    a HOME, and Docker's default PATH where the image sets none."""
-    env = list(attrs["Config"].get("Env") or [])
-    names = {e.split("=", 1)[0] for e in env}
-    defaults = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                "HOSTNAME": attrs["Config"].get("Hostname", ""), "HOME": "/root"}
-    return env + [f"{k}={v}" for k, v in defaults.items() if k not in names]
+def exec_pid(ctr, marker: str) -> int | None:
+    """This host's PID of the newest process in the container (its PID namespace) whose command line
+    holds `marker`: a process `docker exec` started is the engine's child, not ours."""
+    try:
+        pidns = os.stat(f"/proc/{ctr.attrs['State']['Pid']}/ns/pid").st_ino
+    except (OSError, KeyError, TypeError):
+        return None
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{entry.name}/ns/pid").st_ino != pidns:
+                continue
+            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                if marker.encode() in f.read().split(b"\0"):
+                    found.append(int(entry.name))
+        except OSError:
+            continue
+    from labctl import procs
+    return max(found, key=lambda p: procs.start_time(p) or 0, default=None)
 
 
 def _container(client, name: str):

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from labctl import helpers
 from labctl.dataplane.controller import Controller
+from labctl.errors import LabError
 from labctl.kernel import nsutil
 from labctl.plan.share import PLACEMENT_ENV as ENV  # noqa: F401 (for readers)
 from labctl.plan.share import PLACEMENTS as MODES  # noqa: F401 (for readers)
@@ -62,12 +63,27 @@ def start_in_nodes(plan, lab) -> dict[str, int]:
         p.stdout.close()
         pid = p.pid
         if inside:
-            # nsenter forks the process that enters the container's PID namespace: the agent
-            pid = procs.descendant(p.pid)
+            # the engine started it (`docker exec`): the agent is the engine's child, found in
+            # the container by its module
+            pid = _inside_pid(lab, plan.node(name))
+            if pid is None:
+                raise LabError(f"the switch agent of {name} said ready, but no process of its container runs it",
+                               f"see {lab.path / f'{log}.log'}")
             lab.journal("pid", procs.identity(pid))
+            procs.share_cpu_group(pid)
         procs.prioritise_all(pid)
         pids[name] = pid
     return pids
+
+
+def _inside_pid(lab, node) -> int | None:
+    from labctl.cluster.engines import Engines
+    from labctl.containers import nodes
+    engines = Engines()
+    try:
+        return nodes.exec_pid(engines.container(node), MODULE)
+    finally:
+        engines.close()
 
 
 def node_agent(lab_dir: Path, name: str) -> Controller:

@@ -22,7 +22,7 @@ from labctl.state import LabDir
 
 EXEC_TIMEOUT_S = 120
 EXEC_PARALLEL = 8
-CONTAINER_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+HOST_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"      # the engine's client runs on this host
 
 
 def run_exec_lines(plan: LabPlan, lab: LabDir, progress=None) -> None:
@@ -57,8 +57,9 @@ def run_exec_lines(plan: LabPlan, lab: LabDir, progress=None) -> None:
 
 def _run(engines, node, argv: list[str]) -> tuple[int, str]:
     if node.container:
-        line = engines.argv(node, argv)
-        env = {"PATH": CONTAINER_PATH, **node.container.env}
+        # the engine gives the command the container's environment; the node's env: never reaches
+        # a process of this host's (LD_PRELOAD would load the author's code into it, as root)
+        line, env = engines.argv(node, argv), {"PATH": HOST_PATH}
     else:
         line, env = ["ip", "netns", "exec", node.namespace, *argv], None
     try:
