@@ -13,6 +13,14 @@ CAPABILITIES = (
     "SYS_RESOURCE", "SYS_TIME", "SYS_TTY_CONFIG", "MKNOD", "LEASE", "AUDIT_WRITE", "AUDIT_CONTROL", "SETFCAP",
     "MAC_OVERRIDE", "MAC_ADMIN", "SYSLOG", "WAKE_ALARM", "BLOCK_SUSPEND", "AUDIT_READ")
 NEWER = ("PERFMON", "BPF", "CHECKPOINT_RESTORE")     # 38..40: named here only to say which one is missing
+# what an FRR image is given beyond a node's set: zebra will not start without SYS_ADMIN (it asks for
+# net_admin, net_raw and sys_admin). A powerful line of the lab's (plan/trust.py)
+FRR_EXTRA = ("SYS_ADMIN",)
+
+
+def is_frr(image: str) -> bool:
+    """labctl/frr, frrouting/frr:10.5.1, registry:5000/frr: the last path element, tag and digest off."""
+    return image.split("@")[0].rsplit("/", 1)[-1].split(":")[0] == "frr"
 
 
 def _bounding_mask() -> int:

@@ -231,3 +231,15 @@ def test_plan_lists_privileged_and_added_capabilities(tmp_path, monkeypatch):
     assert {n["name"]: n["container"]["privileged"] for n in doc["nodes"]} == {"a": True, "b": False, "c": False}
     r = CliRunner().invoke(cli, ["plan", str(tmp_path / "lab.yml")])
     assert "privileged" in r.output and "SYS_PTRACE" in r.output and "NOT TRUSTED" in r.output, r.output
+
+
+def test_an_frr_image_s_sys_admin_is_a_powerful_line_unless_cap_add_names_it(tmp_path):
+    """zebra is given SYS_ADMIN, with which a container mounts a /proc of its own and writes the
+    host's kernel sysctls: the lab must say so, at the node's image, and be trusted."""
+    text = ("name: frr\nnodes:\n  r1:\n    kind: router\n    image: labctl/frr\n  r2:\n    kind: router\n"
+            "    image: frrouting/frr:10.5.1\n    cap_add: [SYS_ADMIN]\n  h1:\n    kind: host\n    image: labctl/host\n"
+            "links: [{endpoints: [r1, h1]}, {endpoints: [r2, h1]}]\n")
+    lines = trust.powerful(load_topology(lab(tmp_path, text)))
+    assert [(p.what, p.text) for p in lines] == [("capability", "SYS_ADMIN (FRR)"), ("image", "frrouting/frr:10.5.1"),
+                                                 ("capability", "SYS_ADMIN")], lines
+    assert lines[0].where.endswith("lab.yml:5: nodes.r1.image") and "kernel sysctls" in lines[0].why, lines[0]

@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import shutil
 
-from labctl.capabilities import CAPABILITIES, held, lacking  # noqa: F401 (CAPABILITIES: tests)
+from labctl.capabilities import CAPABILITIES, FRR_EXTRA, held, is_frr, lacking  # noqa: F401 (CAPABILITIES: tests)
 from labctl.containers import engine, images
 from labctl.errors import LabError
 from labctl.plan.model import Node
@@ -38,7 +38,6 @@ NODE_LABEL = "labctl.node"
 NODE_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID", "SETPCAP",
                      "NET_BIND_SERVICE", "NET_RAW", "SYS_CHROOT", "MKNOD", "AUDIT_WRITE", "SETFCAP", "NET_ADMIN")
 # Docker's read-only /proc paths, with /proc/sys narrowed to what is not the node's own netns
-FRR_EXTRA = ("SYS_ADMIN",)
 ENV = "/usr/bin/env"                 # never the first `env` on PATH: labctl runs as root
 SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 READONLY_PATHS = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sysrq-trigger", "/proc/sys/kernel", "/proc/sys/vm",
@@ -204,13 +203,8 @@ def node_capabilities(image: str, extra: list[str] = ()) -> list[str]:
     FRR, whose zebra will not start without it: it asks for net_admin, net_raw and sys_admin), and
     the lab's cap_add (`extra`), less any this process lacks."""
     have = set(held())
-    wanted = dict.fromkeys(NODE_CAPABILITIES + (FRR_EXTRA if _is_frr(image) else ()) + tuple(extra))
+    wanted = dict.fromkeys(NODE_CAPABILITIES + (FRR_EXTRA if is_frr(image) else ()) + tuple(extra))
     return [c for c in wanted if c in have]
-
-
-def _is_frr(image: str) -> bool:
-    """labctl/frr, frrouting/frr:10.5.1, registry:5000/frr: the last path element, tag and digest off."""
-    return image.split("@")[0].rsplit("/", 1)[-1].split(":")[0] == "frr"
 
 
 def exec_pid(ctr, marker: str) -> int | None:

@@ -9,7 +9,7 @@ powerful lines:
 - `privileged: true` on a container node: Docker's privileged mode, every capability and device
   and no seccomp or AppArmor, so root in the container is root on this machine;
 - each `cap_add:` entry: a capability added to the container's (containers/nodes.py gives every
-  node a fixed set; this is more).
+  node a fixed set; this is more); and SYS_ADMIN, which an FRR image is given for its zebra.
 
 Only a node with `image:` may say `privileged` or `cap_add` (an image-less node is a namespace of
 this machine's). Host-network nodes cannot be written at all: labctl cables each node's own
@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from labctl import paths as paths_module
+from labctl.capabilities import FRR_EXTRA, is_frr
 from labctl.errors import InputError, Where
 
 OWN_IMAGES = ("labctl/",)          # images `labctl image build` makes from Debian packages
@@ -68,6 +69,11 @@ def powerful(loaded) -> list[Powerful]:
                 out.append(Powerful(str(smap.where(("nodes", name, "privileged"))), "privileged", "true",
                                     f"{name}'s container gets every capability and device, without seccomp or "
                                     "AppArmor: root in it is root on this machine"))
+            for cap in (c for c in FRR_EXTRA if is_frr(node.image) and c not in node.cap_add):
+                out.append(Powerful(str(smap.where(("nodes", name, "image"))), "capability", f"{cap} (FRR)",
+                                    f"given to {name}'s FRR container because zebra asks for it; with it the "
+                                    "container can mount a /proc of its own and write the host's kernel sysctls "
+                                    "(kernel.core_pattern): root in it is root on this machine"))
             for i, cap in enumerate(node.cap_add):
                 out.append(Powerful(str(smap.where(("nodes", name, "cap_add", i))), "capability", cap,
                                     f"added to {name}'s container, beyond the set labctl gives a node"))
