@@ -243,3 +243,22 @@ def test_an_frr_image_s_sys_admin_is_a_powerful_line_unless_cap_add_names_it(tmp
     assert [(p.what, p.text) for p in lines] == [("capability", "SYS_ADMIN (FRR)"), ("image", "frrouting/frr:10.5.1"),
                                                  ("capability", "SYS_ADMIN")], lines
     assert lines[0].where.endswith("lab.yml:5: nodes.r1.image") and "kernel sysctls" in lines[0].why, lines[0]
+
+
+def test_an_experiment_whose_set_changes_a_trusted_lab_is_judged_as_the_lab(tmp_path):
+    """An experiment's `set:` can write any key of its lab (nodes.h1.exec=...): the experiment file
+    is trusted or not as the lab file is, so a root-owned lab changed by someone else's experiment
+    is refused, and one changed by a trusted experiment is not."""
+    loaded = load_topology(lab(tmp_path))
+    assert trust.untrusted(loaded) == [] and trust.require(loaded, trusted_by_flag=False)
+    exp = tmp_path / "exp" / "e.yml"
+    exp.parent.mkdir(mode=0o755)
+    exp.write_text("topology: ../lab.yml\n")
+    exp.chmod(0o666)
+    loaded.set_by = (exp,)
+    assert any("writable by others" in r for r in trust.untrusted(loaded))
+    with pytest.raises(InputError) as err:
+        trust.require(loaded, trusted_by_flag=False)
+    assert "nodes.a.exec[0]" in str(err.value)
+    exp.chmod(0o644)
+    assert trust.untrusted(loaded) == []

@@ -103,7 +103,7 @@ def run_experiment(path: Path, out: Path, say=lambda msg: print(msg, file=sys.st
         suffix = f"@{value}" if value is not None else ""
         lab_sets = _sets(exp, value, sets)
         say(f"[{exp.name}] up {exp.topology}{' with ' + ' '.join(lab_sets) if lab_sets else ''}")
-        plan, lab, _ = labmod.up(str(path.parent / exp.topology), lab_sets, name)
+        plan, lab, _ = labmod.up(str(path.parent / exp.topology), lab_sets, name, set_by=(path,))
         caps = []
         try:
             for c in exp.captures:

@@ -83,7 +83,9 @@ def powerful(loaded) -> list[Powerful]:
 def untrusted(loaded) -> list[str]:
     """Why the lab's own files are not trusted (empty: they are): each file or directory that
     someone other than root owns or may write."""
-    paths = [Path(loaded.file)]
+    # an experiment's `set:` can write any key of the lab (an exec line, an image): its file is
+    # the lab's as much as the lab file is
+    paths = [Path(loaded.file), *loaded.set_by]
     if loaded.template_root is not None:
         root = Path(loaded.template_root)
         paths.append(root)

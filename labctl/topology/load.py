@@ -29,6 +29,7 @@ class Loaded:
     file: Path
     template: str | None = None
     template_root: Path | None = None   # the tree the lab's template came from (node file templates live there)
+    set_by: tuple[Path, ...] = ()       # files whose `set:` changed it (an experiment): trusted as the lab itself
 
 
 def parse_sets(sets: tuple[str, ...] | list[str]) -> dict:
