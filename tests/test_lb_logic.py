@@ -363,3 +363,24 @@ def test_a_switch_whose_routes_the_plan_does_not_hold_is_taken_to_have_chosen():
                if i.peer_node == "leaf4")
     assert _multipath(static.node("leaf1"), far)           # two spines toward leaf4
     assert not _multipath(static.node("spine1"), far)      # one link down to leaf4
+
+
+def _leaf_spine(sets: list[str]):
+    from labctl.plan.compile import compile_plan
+    from labctl.topology.load import load_topology
+    root = Path(__file__).resolve().parents[1]
+    return compile_plan(load_topology(root / "topologies" / "leaf-spine.yml", sets))
+
+
+def test_lb_on_a_lab_without_lb_or_a_tier_without_routers_is_an_error_with_the_fix():
+    """`labctl lb leaf=spray` on a lab that names no lb: changed nothing and said "no router"."""
+    from labctl.errors import LabError
+    from labctl.lifecycle.balance import checked, routers_for
+    with pytest.raises(LabError) as err:
+        routers_for(_leaf_spine([]), "leaf")
+    assert "names no lb" in str(err.value) and "lb: ecmp" in err.value.fix
+    plan = _leaf_spine(["lb=ecmp"])
+    assert {"leaf1", "leaf4"} <= {n.name for n in routers_for(plan, "leaf")}
+    assert {n.name for n in routers_for(plan, "spine")} == {"spine1", "spine2"}
+    with pytest.raises(LabError):                # every setting is checked before any is made
+        checked(plan, "spine", "bogus")

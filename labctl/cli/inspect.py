@@ -226,8 +226,8 @@ def lb_cmd(settings, lab_name):
 
     TARGET is all, a tier (leaf: routers with an end host below them, spine: the others) or a
     router; MODE is ecmp, ecmp-qp, flowlet:GAP (fabric time, e.g. flowlet:50us), spray or
-    adaptive. The lab must name lb: in its file (routing.lb: ecmp keeps today's hashing): that is
-    what puts labctl's program on every router. Without TARGET=MODE, each router's mode.
+    adaptive. The lab must name lb: in its file (routing.lb: ecmp hashes the 5-tuple with the lab's
+    seed, in labctl's program, not the kernel's hash): that is what puts the program on every router. Without TARGET=MODE, each router's mode.
 
     \b
     Example:
@@ -241,10 +241,15 @@ def lb_cmd(settings, lab_name):
     from labctl.plan.lb import describe, tier
     lab = labmod.default_lab(lab_name)
     plan = labmod.load_plan(lab)
-    for setting in settings:
+    from labctl.lifecycle.balance import checked
+    wanted = []
+    for setting in settings:            # every setting checked before any is made
         target, sep, mode = setting.partition("=")
         if not sep:
             raise LabError(f"{setting!r} is not TARGET=MODE", "e.g. leaf=spray")
+        checked(plan, target, mode)
+        wanted.append((target, mode))
+    for target, mode in wanted:
         labmod.require_root("labctl lb")
         changed = labmod.set_lb(lab, plan, target, mode)
         click.echo(f"{mode}: {', '.join(changed) or 'no router'}")

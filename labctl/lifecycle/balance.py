@@ -101,11 +101,18 @@ def routers_for(plan: LabPlan, target: str) -> list[Node]:
     from labctl.errors import LabError
     from labctl.plan.lb import TIERS, tier
     mine = lb.routers(plan)
+    if not mine:
+        raise LabError(f"lab {plan.lab!r} names no lb: its routers balance by the kernel's own ECMP hash, which "
+                       "labctl cannot change while the lab runs",
+                       "add `lb: ecmp` under routing: in the lab file (docs/load-balancing.md), then down and up")
     by_name = {n.name: n for n in plan.nodes}
     if target == "all":
         out = mine
     elif target in TIERS:
         out = [n for n in mine if tier(n, by_name) == target]
+        if not out:
+            raise LabError(f"lab {plan.lab!r} has no {target} router that runs labctl's load balancing",
+                           "`labctl lb` lists each router and its tier")
     else:
         out = [n for n in mine if n.name == target]
         if not out:
@@ -131,17 +138,24 @@ def mode_error(plan: LabPlan, node: Node, text: str) -> str | None:
     return None
 
 
-def set_mode(lab, plan: LabPlan, target: str, text: str) -> list[str]:
-    """`labctl lb TARGET=MODE`: these routers balance by `text` from now on; the lab's record says
-    so. Returns the routers changed."""
-    import dataclasses
+def checked(plan: LabPlan, target: str, text: str) -> list[Node]:
+    """The routers `labctl lb TARGET=MODE` would change, once each is known able to (LabError if
+    not): every setting of one command is checked before any is made."""
     from labctl.errors import LabError
-    from labctl.plan.lb import parse
     nodes = routers_for(plan, target)
     for node in nodes:
         why = mode_error(plan, node, text)
         if why:
             raise LabError(f"{node.name}: {why}", "modes: ecmp, ecmp-qp, flowlet:GAP (e.g. flowlet:50us), spray, adaptive")
+    return nodes
+
+
+def set_mode(lab, plan: LabPlan, target: str, text: str) -> list[str]:
+    """`labctl lb TARGET=MODE`: these routers balance by `text` from now on; the lab's record says
+    so. Returns the routers changed."""
+    import dataclasses
+    from labctl.plan.lb import parse
+    nodes = checked(plan, target, text)
     mode, gap = parse(text)
     for node in nodes:
         lb.set_mode(node, dataclasses.replace(node.flow_hash, mode=mode, gap_ns=int(gap * plan.dilation)))
