@@ -32,6 +32,11 @@ def new_run_dir(path: Path, option: str = "--out") -> Path:
     user labctl runs as, that no one else may write: root writes every file of a run into it, and
     whoever owns it could swap one of them for a symlink to a file of root's."""
     path = Path(path)
+    link = foreign_link(path)
+    if link is not None:
+        raise LabError(f"{option} {path}: {link} is a symlink of uid {os.lstat(link).st_uid}'s, which labctl (uid "
+                       f"{os.geteuid()}) does not follow to make a run: it could point anywhere root may write",
+                       "give a directory whose path has no one else's symlink in it")
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -55,6 +60,20 @@ def new_run_dir(path: Path, option: str = "--out") -> Path:
     except FileExistsError:
         raise LabError(f"{option} {path} appeared while labctl made it", "give a new directory for the run") from None
     return path
+
+
+def foreign_link(path: Path) -> Path | None:
+    """The first directory on `path` (as written, from /) that is a symlink owned by neither root
+    nor this process's user, or None."""
+    here = Path(os.path.abspath(path))
+    for p in [*reversed(here.parents), here]:
+        try:
+            st = os.lstat(p)
+        except OSError:
+            return None              # from here on labctl makes what is missing
+        if stat.S_ISLNK(st.st_mode) and st.st_uid not in (0, os.geteuid()):
+            return p
+    return None
 
 
 def untrusted_tree(resolved: Path, st: os.stat_result) -> list[str]:

@@ -204,6 +204,38 @@ def test_a_run_directory_of_another_user_or_writable_by_others_is_refused(tmp_pa
     assert not (tmp_path / "elsewhere").exists()
     made = new_run_dir(tmp_path / "runs" / "new")
     assert made.is_dir() and os.stat(made).st_uid == os.geteuid()
+    # another user's symlink on the way (their cwd's runs/ -> a directory of root's): refused, and
+    # nothing is made where it points
+    victim = tmp_path / "victim"
+    victim.mkdir(mode=0o700)
+    (tmp_path / "cwd").mkdir()
+    planted = tmp_path / "cwd" / "runs"
+    planted.symlink_to(victim)
+    os.lchown(planted, NOBODY, NOBODY)
+    with pytest.raises(LabError, match="symlink of uid 65534"):
+        new_run_dir(planted / "20261207-exp")
+    assert list(victim.iterdir()) == []
+
+
+@pytest.mark.netns
+def test_a_capture_file_is_never_written_through_a_symlink_or_over_another_user_s_file(tmp_path):
+    """root's dumpcap, given a name, followed a link planted in the user's directory."""
+    require_root()
+    from labctl.lifecycle.capture import open_output
+    keep = tmp_path / "keep"
+    keep.write_text("KEEP-ME")
+    (tmp_path / "h1_h2.pcapng").symlink_to(keep)
+    with pytest.raises(LabError, match="a symlink"):
+        open_output(tmp_path / "h1_h2.pcapng")
+    theirs = tmp_path / "theirs.pcapng"
+    theirs.write_text("x")
+    os.chown(theirs, NOBODY, NOBODY)
+    with pytest.raises(LabError, match="owner uid 65534"):
+        open_output(theirs)
+    assert keep.read_text() == "KEEP-ME" and theirs.read_text() == "x"
+    fd = open_output(tmp_path / "new.pcapng")
+    os.close(fd)
+    assert (tmp_path / "new.pcapng").stat().st_uid == os.geteuid()
 
 
 # -- the prompt's history file (finding: followed through a symlink, overwritten and chmodded) -----

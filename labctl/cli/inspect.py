@@ -186,7 +186,7 @@ def capture(target, bpf, out, snaplen, lab_name):
     """
     import subprocess
     from labctl import lifecycle as labmod
-    from labctl.lifecycle.capture import command, file_name
+    from labctl.lifecycle.capture import command, file_name, open_output
     from labctl.lifecycle.targets import capture_point
     labmod.require_root("labctl capture")
     plan = labmod.load_plan(labmod.default_lab(lab_name))
@@ -199,7 +199,12 @@ def capture(target, bpf, out, snaplen, lab_name):
     # Ctrl-C is how a capture ends: a shell's background job starts with SIGINT ignored, which
     # dumpcap would inherit and Python would keep, so both would run on past the user's Ctrl-C
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    p = subprocess.Popen(command(ns, port, path, snaplen, " ".join(bpf)))
+    out_fd = None if path == "-" else open_output(path)
+    try:
+        p = subprocess.Popen(command(ns, port, snaplen, " ".join(bpf)), stdout=out_fd)
+    finally:
+        if out_fd is not None:
+            os.close(out_fd)
     try:
         code = p.wait()
     except (KeyboardInterrupt, SystemExit) as stop:    # Ctrl-C, or SIGTERM (the CLI's handler)

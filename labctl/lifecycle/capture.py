@@ -9,7 +9,9 @@ NIC's queues), which also skips its capture tap: capture pauses at the neighbour
 """
 from __future__ import annotations
 
+import os
 import signal
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -23,9 +25,34 @@ DEFAULT_SNAPLEN = 128
 FULL = 262144
 
 
-def command(namespace: str, port: str, out: str, snaplen: int = DEFAULT_SNAPLEN, bpf: str = "") -> list[str]:
-    args = ["ip", "netns", "exec", namespace, "dumpcap", "-q", "-i", port, "-s", str(snaplen or FULL), "-w", out]
+def command(namespace: str, port: str, snaplen: int = DEFAULT_SNAPLEN, bpf: str = "") -> list[str]:
+    """dumpcap on the port, writing pcapng to its stdout: labctl opens the file (open_output)."""
+    args = ["ip", "netns", "exec", namespace, "dumpcap", "-q", "-i", port, "-s", str(snaplen or FULL), "-w", "-"]
     return args + (["-f", bpf] if bpf else [])
+
+
+def open_output(path: str | Path) -> int:
+    """The capture file, opened for writing by labctl itself, never through a symlink: root's
+    dumpcap, given a name, followed a link planted in the user's directory and wrote over the
+    file it pointed to. A file that exists is written over only if it is a plain file of this
+    user's."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    if st is not None and (not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid()):
+        raise LabError(f"{path} exists and is not a plain file of uid {os.geteuid()}'s "
+                       f"({'a symlink' if stat.S_ISLNK(st.st_mode) else f'owner uid {st.st_uid}'})",
+                       "give the capture a new file name (-w FILE), or remove that one")
+    try:
+        fd = os.open(path, flags | (os.O_TRUNC if st is not None else os.O_EXCL), 0o644)
+    except OSError as exc:
+        raise LabError(f"cannot write the capture to {path}: {exc.strerror}", "give another file (-w FILE)") from None
+    if st is not None and os.fstat(fd).st_ino != st.st_ino:     # swapped between the look and the open
+        os.close(fd)
+        raise LabError(f"{path} changed while labctl opened it", "capture again, into a directory of your own")
+    return fd
 
 
 class Capture:
@@ -35,14 +62,18 @@ class Capture:
                  journal=None):
         ns, port = targets.capture_point(plan, target)
         self.path = path
-        self.proc = subprocess.Popen(command(ns, port, str(path), snaplen, bpf), stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        out = open_output(path)
+        try:
+            self.proc = subprocess.Popen(command(ns, port, snaplen, bpf), stdin=subprocess.DEVNULL,
+                                         stdout=out, stderr=subprocess.PIPE, text=True)
+        finally:
+            os.close(out)
         self.journal, self.identity = journal, procs.identity(self.proc.pid)
         if journal is not None:
             journal("pid", self.identity)
         deadline = time.monotonic() + 5
-        while not path.exists() and self.proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.02)          # dumpcap creates the file once it captures
+        while not path.stat().st_size and self.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)          # dumpcap writes the file's header once it captures
         if self.proc.poll() is not None:
             raise LabError(f"capture on {target} failed: {self.proc.stderr.read().strip()[-300:]}",
                            "is dumpcap installed (./install.sh installs tshark, which brings it)?")
