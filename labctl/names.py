@@ -100,3 +100,9 @@ def _free_name(base: str, taken: set[str]) -> str:
     while f"{base}-{k}" in taken:
         k += 1
     return f"{base}-{k}"
+
+
+def printable(text: str) -> str:
+    """`text` with every character that is not printable (a newline above all) as '?': for a lab
+    author's words written into a comment line of a file labctl then reads as YAML."""
+    return "".join(c if c.isprintable() else "?" for c in text)

@@ -264,3 +264,14 @@ def test_an_export_directory_carries_the_fabric_in_each_nodes_agent(tmp_path):
         [(n.name, n.rank, n.server) for n in plan.nodes if n.kind == "gpu"]
     leaf1 = back.node("leaf1").container
     assert f"{tmp_path / 'out' / 'agents' / 'leaf1'}:{clab.AGENT_HOME}" in leaf1.binds
+
+
+def test_a_label_key_with_a_newline_stays_inside_its_comment(tmp_path):
+    """A label's key is written into a note, a comment line of the lab labctl reads back: a newline
+    in it added a top-level key (routing:) past the importer's list of allowed keys."""
+    text = ('name: l\ntopology:\n  nodes:\n    a: {kind: linux, labels: {"x\\nrouting: {hash_seed: 7}\\n#": 1}}\n'
+            "    b: {kind: linux}\n  links: [{endpoints: [a:eth1, b:eth1]}]\n")
+    f = tmp_path / "l.clab.yml"
+    f.write_text(text)
+    out, _, _ = render_topology(f)
+    assert "# note:" in out and not any(line.startswith("routing") for line in out.splitlines()), out

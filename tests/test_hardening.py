@@ -425,3 +425,34 @@ def test_install_refuses_a_clone_that_is_not_roots_alone(tmp_path, owner, mode, 
                        env={**env, "LABCTL_INSTALL_ANY_OWNER": "1"})
     assert "refusing" not in r.stderr and "needs Python" in r.stderr, r.stderr
     assert not (clone / ".venv").exists()
+
+
+# -- node file templates (finding: a symlink in the tree read a root-only file into `plan`) --------
+
+def test_a_template_that_leads_out_of_its_tree_is_refused_not_read(tmp_path):
+    from labctl.errors import InputError, Where
+    from labctl.topology.templates import render_file
+    secret = tmp_path / "secret"
+    secret.write_text("TOPSECRET")
+    tree = tmp_path / "lab"
+    (tree / "lib").mkdir(parents=True)
+    (tree / "leak.j2").symlink_to(secret)
+    (tree / "lib" / "ok.j2").write_text("hello {{ name }}")
+    (tree / "inc.j2").write_text("{% include 'leak.j2' %}")
+    assert render_file(tree, "lib/ok.j2", {"name": "r1"}, Where("lab.yml")) == "hello r1"
+    for name in ("leak.j2", "inc.j2"):
+        with pytest.raises(InputError) as err:
+            render_file(tree, name, {}, Where("lab.yml"))
+        assert "leads out of the template tree" in str(err.value) and "TOPSECRET" not in str(err.value)
+
+
+def test_a_template_that_renders_for_ever_is_stopped_with_a_located_error(tmp_path, monkeypatch):
+    from labctl.errors import InputError, Where
+    from labctl.topology import templates
+    monkeypatch.setattr(templates, "RENDER_LIMIT_S", 0.5)
+    (tmp_path / "spin.j2").write_text("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}")
+    t0 = time.monotonic()
+    with pytest.raises(InputError) as err:
+        templates.render_file(tmp_path, "spin.j2", {}, Where("lab.yml", 7, "nodes.r1.files"))
+    assert time.monotonic() - t0 < 5 and "still rendering after 0.5 s" in str(err.value)
+    assert "lab.yml:7" in str(err.value)

@@ -35,7 +35,7 @@ from __future__ import annotations
 import yaml
 
 from labctl.errors import InputError
-from labctl.names import split_endpoint
+from labctl.names import printable, split_endpoint
 from labctl.topology.clabmaps import ImportMaps
 from labctl.topology import clabnames
 from labctl.topology.yamlpos import SourceMap
@@ -120,7 +120,8 @@ def to_labctl(data: dict, smap: SourceMap, file: str, maps: ImportMaps | None = 
            "dilation": 1, "defaults": {"rate": RATE},
            "fabrics": {"lab": {"kind": "frontend"}},
            "nodes": out_nodes, "links": links}
-    header = [f"# {file}: a containerlab topology, as labctl reads it"] + [f"# note: {n}" for n in notes]
+    header = [printable(line) for line in [f"# {file}: a containerlab topology, as labctl reads it",
+                                           *(f"# note: {n}" for n in notes)]]
     return "\n".join(header) + "\n" + yaml.safe_dump(lab, sort_keys=False)
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 
 from labctl.errors import InputError, Where
+from labctl.names import printable
 from labctl.paths import is_file
 from labctl.topology import mininet_read
 from labctl.topology.load import Loaded, load_topology, load_topology_text, render_topology
@@ -111,13 +112,9 @@ def _lab_yaml(mn: dict, file: str | None, topo: str, name: str | None) -> str:
     doc = {"name": lab, "description": f"imported from Mininet topology {topo}" + (f" in {file}" if file else ""),
            "dilation": 1, "defaults": {"rate": MININET_DEFAULT_RATE}, "nodes": nodes, "links": links}
     # the file chose these names and option names: nothing of them may leave its comment line
-    header = [_printable(f"# {file or 'Mininet'} (Mininet topology {topo}), as labctl reads it")] + \
-        [_printable(f"# note: {n}") for n in notes]
+    header = [printable(f"# {file or 'Mininet'} (Mininet topology {topo}), as labctl reads it")] + \
+        [printable(f"# note: {n}") for n in notes]
     return "\n".join(header) + "\n" + yaml.safe_dump(doc, sort_keys=False)
-
-
-def _printable(text: str) -> str:
-    return "".join(c if c.isprintable() else "?" for c in text)
 
 
 def _lab_name(file: str | None, topo: str) -> str:

@@ -264,10 +264,22 @@ def _is_size(value) -> bool:
     return True
 
 
+class _TreeLoader(jinja2.FileSystemLoader):
+    """Templates from one tree only: a name that resolves outside it (a symlink in the tree to a
+    file of root's) is refused, not read (a lab author's link had `plan` print a root-only file)."""
+
+    def get_source(self, environment, template):
+        source, filename, uptodate = super().get_source(environment, template)
+        real = os.path.realpath(filename)
+        if not any(real.startswith(os.path.realpath(p) + os.sep) for p in self.searchpath):
+            raise jinja2.sandbox.SecurityError(f"{template} leads out of the template tree (to {real})")
+        return source, filename, uptodate
+
+
 def _environment(root: Path) -> jinja2.Environment:
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(
         # only the tree the template came from: its own lib/ macros, never another directory's
-        loader=jinja2.FileSystemLoader(str(root)),
+        loader=_TreeLoader(str(root)),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
@@ -282,6 +294,36 @@ def _environment(root: Path) -> jinja2.Environment:
     return env
 
 
+RENDER_LIMIT_S = 30        # a template is a few loops over a lab's nodes: seconds even at 1,024 GPUs
+
+
+class _TooLong(Exception):
+    pass
+
+
+def _limited(render_call, name: str, where: Where):
+    """`render_call()` stopped after RENDER_LIMIT_S (in the main thread, where a timer signal can
+    reach it): nested loops in a lab author's template would otherwise hold `plan` and `up` for ever."""
+    import signal
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        return render_call()
+
+    def expired(signum, frame):
+        raise _TooLong()
+    old = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, RENDER_LIMIT_S)
+    try:
+        return render_call()
+    except _TooLong:
+        raise InputError(where, f"{name} was still rendering after {RENDER_LIMIT_S} s",
+                         "a template formats the lab's values: loop over the nodes and ports it is given, "
+                         "not over large ranges") from None
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
 def render_file(root: Path, relpath: str, variables: dict, where: Where) -> str:
     """A node's file (an FRR configuration) from a template under `root`, in the same sandbox,
     given the node as the plan made it."""
@@ -289,7 +331,8 @@ def render_file(root: Path, relpath: str, variables: dict, where: Where) -> str:
         raise InputError(where, f"{relpath!r} is not a path inside the template tree",
                          "name it relative to the tree, e.g. lib/frr/bgp.conf.j2")
     try:
-        return _environment(root).get_template(relpath).render(**variables)
+        template = _environment(root).get_template(relpath)
+        return _limited(lambda: template.render(**variables), relpath, where)
     except jinja2.TemplateNotFound:
         raise InputError(where, f"there is no template {relpath!r} under {root}",
                          "check the name (relative to the lab's template tree, or to the lab file)") from None
@@ -308,7 +351,8 @@ def render(tpl: Template, variables: dict, path: list[Path], where: Where, where
     _check_not_writable_by_others(tpl, where)
     env = _environment(tpl.directory.parent)
     try:
-        return env.get_template(f"{tpl.name}/{TEMPLATE_FILE}").render(**variables)
+        template = env.get_template(f"{tpl.name}/{TEMPLATE_FILE}")
+        return _limited(lambda: template.render(**variables), f"template {tpl.name!r}", where)
     except jinja2.sandbox.SecurityError as exc:
         raise InputError(Where(str(tpl.directory / TEMPLATE_FILE)), f"template {tpl.name!r} tried something "
                          f"the sandbox forbids: {exc}", "templates may only format the variables they are "
