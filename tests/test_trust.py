@@ -262,3 +262,23 @@ def test_an_experiment_whose_set_changes_a_trusted_lab_is_judged_as_the_lab(tmp_
     assert "nodes.a.exec[0]" in str(err.value)
     exp.chmod(0o644)
     assert trust.untrusted(loaded) == []
+
+
+def test_the_lab_file_is_judged_by_what_was_read_not_by_its_name_later(tmp_path):
+    """A link flipped between the read and the check (someone else's file read, root's checked)
+    ran an untrusted exec line: the file is judged by the fstat of what was read, and every
+    directory above its real path."""
+    f = lab(tmp_path, mode=0o666)
+    loaded = load_topology(f)
+    assert loaded.read_as and loaded.read_as["path"] == str(f.resolve())
+    f.chmod(0o644)                           # by name, it is root's alone now; what was read was not
+    assert any("writable by others" in r for r in trust.untrusted(loaded))
+    with pytest.raises(InputError):
+        trust.require(loaded, trusted_by_flag=False)
+    loose = tmp_path / "loose"
+    loose.mkdir(mode=0o777)
+    loose.chmod(0o777)
+    inner = loose / "in"
+    inner.mkdir(mode=0o755)
+    loaded = load_topology(lab(inner))
+    assert any(str(loose) in r for r in trust.untrusted(loaded)), trust.untrusted(loaded)

@@ -33,11 +33,8 @@ def _lb(smap, key: tuple, plan: LabPlan, settings: dict[str, str]) -> None:
     """Each target names routers that run labctl's load balancing, and each can take its mode."""
     from labctl.lifecycle.balance import mode_error, routers_for
     for target, mode in settings.items():
-        nodes = _located(smap, key + (target,), routers_for, plan, target)
-        if not nodes:
-            raise InputError(smap.where(key + (target,)), f"{target!r} names no router that runs labctl's load "
-                             "balancing", "the lab file must name lb: (routing.lb: ecmp keeps today's hashing)")
-        for node in nodes:
+        # a lab without lb:, or a tier without such routers, is routers_for's located error
+        for node in _located(smap, key + (target,), routers_for, plan, target):
             why = mode_error(plan, node, mode)
             if why:
                 raise InputError(smap.where(key + (target,)), f"{node.name}: {why}",

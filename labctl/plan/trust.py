@@ -86,6 +86,9 @@ def untrusted(loaded) -> list[str]:
     # an experiment's `set:` can write any key of the lab (an exec line, an image): its file is
     # the lab's as much as the lab file is
     paths = [Path(loaded.file), *loaded.set_by]
+    # the file that was read, by what was read (its owner and mode then, every directory above it
+    # now): a name checked later could be another file (a link flipped between the two)
+    read = paths_module.untrusted_tree(Path(loaded.read_as["path"]), loaded.read_as["stat"]) if loaded.read_as else []
     if loaded.template_root is not None:
         root = Path(loaded.template_root)
         paths.append(root)
@@ -93,7 +96,7 @@ def untrusted(loaded) -> list[str]:
             if k >= MAX_TEMPLATE_FILES:
                 return [f"{root}: more than {MAX_TEMPLATE_FILES} files in the template tree"]
             paths.append(p)
-    return paths_module.untrusted(paths)
+    return list(dict.fromkeys(read + paths_module.untrusted(paths)))
 
 
 def require(loaded, trusted_by_flag: bool) -> list[Powerful]:

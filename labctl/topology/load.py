@@ -30,6 +30,7 @@ class Loaded:
     template: str | None = None
     template_root: Path | None = None   # the tree the lab's template came from (node file templates live there)
     set_by: tuple[Path, ...] = ()       # files whose `set:` changed it (an experiment): trusted as the lab itself
+    read_as: dict | None = None         # the lab file that was read: its real path and fstat (yamlpos.read_input)
 
 
 def parse_sets(sets: tuple[str, ...] | list[str]) -> dict:
@@ -54,11 +55,12 @@ def render_topology(file: str | Path, sets=(), template_dirs=(), maps=None) -> t
     return text, smap, template
 
 
-def _render(file: str | Path, sets=(), template_dirs=(), maps=None):
+def _render(file: str | Path, sets=(), template_dirs=(), maps=None, opened: dict | None = None):
     """(text, its source map, template name or None, the parsed data, the template's tree or None),
     parsing each text once."""
     path = Path(file)
-    text, data, smap = load_yaml_file(path, "lab file", "name:, nodes:, links:", "topologies/leaf-spine.yml")
+    text, data, smap = load_yaml_file(path, "lab file", "name:, nodes:, links:", "topologies/leaf-spine.yml",
+                                      opened)
     overrides = parse_sets(sets)
     if clab.is_clab(data):
         text = clab.to_labctl(data, smap, str(path), maps)
@@ -121,9 +123,11 @@ def _set_dotted(data: dict, key: str, value) -> None:
 
 
 def load_topology(file: str | Path, sets=(), template_dirs=(), name: str | None = None, maps=None) -> Loaded:
-    text, smap, template, data, root = _render(file, sets, template_dirs, maps)
+    opened: dict = {}
+    text, smap, template, data, root = _render(file, sets, template_dirs, maps, opened)
     loaded = _validated(data, smap, text, Path(file), template, name)
     loaded.template_root = root
+    loaded.read_as = opened or None
     return loaded
 
 

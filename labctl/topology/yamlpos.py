@@ -80,13 +80,13 @@ def _check_depth(text: str, file: str) -> None:
             depth -= 1
 
 
-def load_yaml_file(path, what: str, keys: str, example: str) -> tuple[str, dict, SourceMap]:
+def load_yaml_file(path, what: str, keys: str, example: str, opened: dict | None = None) -> tuple[str, dict, SourceMap]:
     """Read an input file that must be a YAML mapping: (text, data, source map), or a located error.
 
     `what` names the file for messages ("lab file"), `keys` hints at its top-level keys,
-    `example` is a bundled file to start from.
+    `example` is a bundled file to start from; `opened` is filled as read_input fills it.
     """
-    raw = read_input(path, what, example)
+    raw = read_input(path, what, example, opened)
     text = decode(raw, str(path))
     data, smap = load_yaml(text, str(path))
     if not isinstance(data, dict):
@@ -94,9 +94,11 @@ def load_yaml_file(path, what: str, keys: str, example: str) -> tuple[str, dict,
     return text, data, smap
 
 
-def read_input(path, what: str, example: str) -> bytes:
+def read_input(path, what: str, example: str, opened: dict | None = None) -> bytes:
     """The bytes of an input file, only if it is a regular file of at most MAX_BYTES: a FIFO would
-    block the read for ever, /dev/zero or /dev/urandom would never end (labctl run /dev/zero)."""
+    block the read for ever, /dev/zero or /dev/urandom would never end (labctl run /dev/zero).
+    `opened` (a dict) gets the file that was read: its real path ("path") and its fstat ("stat"),
+    which the trust model judges (a check by name, later, could judge another file)."""
     import stat
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)    # a FIFO's open waits for a writer
@@ -104,9 +106,12 @@ def read_input(path, what: str, example: str) -> bytes:
         raise InputError(Where(str(path)), f"cannot read the {what}: {getattr(exc, 'strerror', None) or exc}",
                          f"check the path (e.g. {example})") from None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise InputError(Where(str(path)), f"the {what} is not a regular file (a device, a FIFO or a "
                              "directory)", f"give a YAML file (e.g. {example})")
+        if opened is not None:
+            opened.update(path=os.readlink(f"/proc/self/fd/{fd}"), stat=st)
         chunks, size = [], 0
         while size <= MAX_BYTES:
             chunk = os.read(fd, 1 << 20)
