@@ -85,6 +85,21 @@ def files(b) -> None:
             node.container.files.append({"path": path, "text": text})
 
 
+def binds_apart(b) -> None:
+    """The compile pass that refuses a bind whose host path lies inside a bind some node may write:
+    that node's container could swap a directory on the way for a symlink (to /) before the
+    engine mounts the inner one, which would then mount whatever the link names."""
+    held = [(Path(text.split(":")[0]), text.split(":")[2:] == ["ro"], name, i, text)
+            for name, node in b.nodes.items() if node.container for i, text in enumerate(node.container.binds)]
+    for inner, _, name, i, text in held:
+        for outer, read_only, holder, _, _ in held:
+            if not read_only and inner != outer and inner.is_relative_to(outer):
+                raise InputError(b.smap.where(("nodes", name, "binds", i)),
+                                 f"the bind {text!r} lies inside {outer}, which {holder} mounts read-write: its "
+                                 "container could put a symlink on the way before this one is mounted",
+                                 f"bind a path no node can write, or mount {holder}'s bind read-only (:ro)")
+
+
 def node_view(b, node: model.Node) -> dict:
     """What a node file template sees of its node."""
     def port(i: model.Interface) -> dict:
