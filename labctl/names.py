@@ -53,6 +53,9 @@ class NamingError(Exception):
     fix: str
 
 
+KERNEL_NAMES = ("lo", "br0")     # devices a node's namespace has besides its ports
+
+
 def split_endpoint(text: str) -> tuple[str, str | None]:
     node, sep, iface = str(text).partition(":")
     return node.strip(), (iface.strip() if sep else None)
@@ -80,7 +83,9 @@ def assign_ifnames(links: list[tuple[str, str | None, str, str | None]]) -> list
         names = []
         for end, (node, iface, peer) in enumerate(((a, ia, b), (b, ib, a))):
             if iface is None:
-                iface = _free_name(peer, used.setdefault(node, set()))
+                # a peer named lo or br0 must not name a port after itself: those are the node's
+                # loopback and a bridge node's bridge (kernel/netconf.py), made in every namespace
+                iface = _free_name(peer, used.setdefault(node, set()) | set(KERNEL_NAMES))
                 if len(iface) > IFNAME_MAX:
                     raise NamingError(
                         i, end,

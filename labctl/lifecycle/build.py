@@ -91,13 +91,14 @@ def build(loaded: Loaded, backend: str = "netns", progress=None,
             converged = convergence.wait_converged(plan)
             if converged:
                 lab.write_state(routing_converged_s=round(converged, 3))
+            elapsed = time.perf_counter() - t0
+            from labctl.telemetry import ledger
+            # the record says "up" last, inside the rollback: Ctrl-C before it removes the lab
+            lab.write_state(status="up", pid=None, build_seconds=round(elapsed, 3),
+                            machine_counters_at_up=ledger.machine_wide_text())
         except BaseException:
             builder.destroy(lab)
             raise
-        elapsed = time.perf_counter() - t0
-        from labctl.telemetry import ledger
-        lab.write_state(status="up", pid=None, build_seconds=round(elapsed, 3),
-                        machine_counters_at_up=ledger.machine_wide_text())
     return plan, lab, elapsed
 
 
