@@ -12,6 +12,8 @@ _RATE_UNITS = {
     "m": 1e6, "mbps": 1e6, "mbit": 1e6, "mb/s": 1e6,
     "g": 1e9, "gbps": 1e9, "gbit": 1e9, "gb/s": 1e9,
     "t": 1e12, "tbps": 1e12, "tbit": 1e12, "tb/s": 1e12,
+    # as labctl prints them (format_rate): what it writes, it reads back
+    "bit/s": 1, "kbit/s": 1e3, "mbit/s": 1e6, "gbit/s": 1e9, "tbit/s": 1e12,
 }
 _TIME_UNITS = {"ns": 1, "us": 1e3, "µs": 1e3, "ms": 1e6, "s": 1e9}
 _SIZE_UNITS = {
@@ -47,7 +49,7 @@ def _split(text: str, what: str, examples: str) -> tuple[float, str]:
     m = re.fullmatch(_NUM + r"(?P<unit>[A-Za-zµ/]*)", text.strip())
     if not m:
         raise ValueError(f"{text!r} is not a {what}; write it like {examples}")
-    return float(m.group("num")), m.group("unit").lower()
+    return float(m.group("num")), m.group("unit")
 
 
 def parse_rate(value: str | int | float) -> int:
@@ -58,8 +60,10 @@ def parse_rate(value: str | int | float) -> int:
         num, unit = _as_float(value), ""
     else:
         num, unit = _split(value, "rate", "400G, 100Gbit or 25Mbps")
+        unit = unit.lower()
     if unit not in _RATE_UNITS:
-        raise ValueError(f"unknown rate unit {unit!r} in {value!r}; use one of G, Gbit, Gbps, M, Mbit, K")
+        raise ValueError(f"unknown rate unit {unit!r} in {value!r}; use one of G, Gbit, Gbps, Gbit/s, M, Mbit, "
+                         "Mbps, Mb/s, K")
     return int(round(_bounded(num * _RATE_UNITS[unit], RATE_MAX, value, "rate")))
 
 
@@ -70,6 +74,7 @@ def parse_duration_ns(value: str | int | float) -> int:
     if isinstance(value, (int, float)):
         return int(round(_bounded(_as_float(value) * 1e9, DURATION_MAX_NS, value, "duration")))
     num, unit = _split(value, "duration", "5us, 2ms or 0.5s")
+    unit = unit.lower()
     if unit == "":
         unit = "s"
     if unit not in _TIME_UNITS:
@@ -84,6 +89,10 @@ def parse_size(value: str | int | float) -> int:
     if isinstance(value, (int, float)):
         return int(_bounded(_as_float(value), SIZE_MAX, value, "size"))
     num, unit = _split(value, "size", "512KiB, 1MB or 9000")
+    if re.fullmatch(r"[kKmMgGtT]b", unit):
+        raise ValueError(f"{value!r} is in bits ({unit[0]}b: a lower-case b is a bit); a size is bytes: write "
+                         f"{num:g}{unit[0].upper()}B, or {num:g}{unit[0].upper()}iB for powers of 2")
+    unit = unit.lower()
     if unit not in _SIZE_UNITS:
         raise ValueError(f"unknown size unit {unit!r} in {value!r}; use B, KB, MB, KiB or MiB")
     return int(round(_bounded(num * _SIZE_UNITS[unit], SIZE_MAX, value, "size")))

@@ -29,3 +29,20 @@ def test_bad_rate_says_how_to_write_it(bad):
 def test_format_rate():
     assert format_rate(400e6) == "400 Mbit/s"
     assert format_rate(3.6e9) == "3.6 Gbit/s"
+
+
+def test_a_rate_as_labctl_prints_it_reads_back():
+    from labctl.units import format_rate, parse_rate
+    for bps in (100e6, 5e6, 400e9, 25e3):
+        assert parse_rate(format_rate(bps)) == bps
+    assert parse_rate("100 Mbit/s") == parse_rate("100Mb/s") == parse_rate("100Mbps") == 100_000_000
+
+
+@pytest.mark.parametrize("text", ["16Mb", "4mb", "2kb", "1Gb"])
+def test_a_size_in_bits_is_refused_with_the_bytes_it_may_mean(text):
+    """`sizes: [16Mb]` was read as 16 MB: a lower-case b is a bit."""
+    from labctl.units import parse_size
+    with pytest.raises(ValueError, match="in bits") as err:
+        parse_size(text)
+    bytes_form = text[:-1].upper() + "B"
+    assert f"write {bytes_form}" in str(err.value) and parse_size(bytes_form) > 0
