@@ -149,7 +149,7 @@ def pingall(lab, fabric, sample, seed):
       sudo labctl pingall big --sample 200
     """
     from labctl import lifecycle as labmod
-    name = labmod.default_lab(lab)
+    name = labmod.default_lab(lab, positional=True)
     p = labmod.load_plan(name)
     tried, failed = labmod.pingall(p, fabric, sample=sample, seed=seed, backend=labmod.backend_of(name))
     for a, b in failed:

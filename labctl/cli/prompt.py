@@ -188,7 +188,7 @@ def cli_(lab, commands):
     """
     from labctl import lifecycle
     lifecycle.require_root("labctl cli")
-    prompt = Prompt(lifecycle.default_lab(lab))
+    prompt = Prompt(lifecycle.default_lab(lab, positional=True))
     if commands:
         for line in commands.split(";"):
             prompt.onecmd(line.strip())

@@ -189,7 +189,7 @@ def counters(lab, as_json, watch, busy, losses):
     from labctl import lifecycle as labmod
     from labctl.telemetry.queues import lab_queues
     labmod.require_root("labctl counters")
-    lab_dir = labmod.default_lab(lab)
+    lab_dir = labmod.default_lab(lab, positional=True)
     plan = labmod.load_plan(lab_dir)
     if losses:
         from labctl import procs

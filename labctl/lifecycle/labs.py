@@ -58,7 +58,9 @@ def find_lab(name_or_file: str) -> state.LabDir:
                    f"running labs: {', '.join(running)}" if running else "no lab is up; `labctl up FILE`")
 
 
-def default_lab(name: str | None) -> state.LabDir:
+def default_lab(name: str | None, positional: bool = False) -> state.LabDir:
+    """The lab `name`, or the one lab up. `positional`: the command takes the lab as its argument
+    (`labctl status NAME`), not as --lab NAME, and the fix says so."""
     if name:
         return find_lab(name)
     labs = state.all_labs()
@@ -66,7 +68,13 @@ def default_lab(name: str | None) -> state.LabDir:
         return labs[0]
     if not labs:
         raise LabError("no lab is up", "`labctl up topologies/leaf-spine.yml`")
-    raise LabError(f"{len(labs)} labs are up ({', '.join(d.name for d in labs)})", "say which with --lab NAME")
+    if positional:
+        import click
+        ctx = click.get_current_context(silent=True)
+        how = f"`{ctx.command_path if ctx else 'labctl COMMAND'} {labs[0].name}`"
+    else:
+        how = f"--lab {labs[0].name}"
+    raise LabError(f"{len(labs)} labs are up ({', '.join(d.name for d in labs)})", f"say which, e.g. {how}")
 
 
 def load_plan(lab: state.LabDir) -> LabPlan:
