@@ -67,3 +67,48 @@ def test_a_roce_incast_through_bridges_is_lossless_with_pauses_and_marks(built_l
     assert s2_s1["sent_packets"] > 2 * 900 and s2_s1["drops"] == 0
     assert s2_s1["ecn_marked"] > 0                      # the bridge's queue was marked (bridge family rules)
     assert sum(q.get("pfc_tx", 0) for q in rows.values() if q["node"] == "s2") > 0   # and it paused g2, g3
+
+
+BEHIND_A_LINE = """name: {name}
+dilation: 1
+nodes:
+  h1: {{kind: host}}
+  s1: {{kind: bridge}}
+  h2: {{kind: host}}
+links:
+  - {{endpoints: [h1, s1], rate: 100M, latency: 1ms}}
+  - {{endpoints: [s1, h2], rate: 10M}}
+"""
+BLAST = """import socket, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+end, sent = time.monotonic() + 2.0, 0
+while time.monotonic() < end:
+    s.sendto(bytes(1400), ("{dst}", 9))
+    sent += 1
+    time.sleep(max(0.0, sent * 1400 * 8 / 30e6 - (time.monotonic() - end + 2.0)))
+print(sent)
+"""
+
+
+def test_a_bridge_behind_a_delayed_line_drops_at_its_bottleneck(state_dir, lab_name, tmp_path):
+    """A frame the WAN line puts on a port is charged to the line's socket until it leaves the far
+    side; across a bridge that is after the bridge's egress queue, so a small send buffer held the
+    overflow instead of the 10M port's queue: no drop, and seconds of delay in the line. 30 Mbit/s
+    for 2 s into a 10M port with a 4 MiB queue must drop about 7.5 - 2.5 - 4.2 = 0.8 MB there."""
+    require_root()
+    f = tmp_path / "lab.yml"
+    f.write_text(BEHIND_A_LINE.format(name=lab_name))
+    plan, lab, _ = labmod.up(str(f), name=lab_name)
+    try:
+        dst = plan.node("h2").interfaces[0].address.split("/")[0]
+        sent = int(subprocess.run(["ip", "netns", "exec", plan.node("h1").namespace, "python3", "-c",
+                                   BLAST.format(dst=dst)], capture_output=True, text=True, check=True).stdout)
+        assert sent * 1400 > 7e6, sent
+        stats = json.loads(subprocess.run(["tc", "-n", plan.node("s1").namespace, "-s", "-j", "qdisc", "show",
+                                           "dev", "h2"], capture_output=True, text=True, check=True).stdout)
+        drops = sum(q.get("drops", 0) for q in stats)
+        assert drops * 1442 > 0.3e6, stats           # at its queue, not in the line
+        wan = json.loads((lab.path / "wan.json").read_text())
+        assert max(d["max_lag_us"] for d in wan["directions"]) < 500_000, wan
+    finally:
+        labmod.down(lab_name)

@@ -40,23 +40,35 @@ from labctl.wan import esp
 
 ETH_P_ALL = 0x0003
 COUNTERS_EVERY = 0.2
-SO_RCVBUFFORCE = 33
+SO_RCVBUFFORCE, SO_SNDBUFFORCE = 33, 32
 SOL_PACKET, PACKET_STATISTICS = 263, 6
 # The line stands for a fibre, which never drops for want of a reader: its sockets must hold what
 # arrives while the line waits for a CPU. 64 MB of skb memory is ~7,000 full-size frames, 0.6 s of
 # a 100 Mbit/s lab link. SO_RCVBUF alone is capped by net.core.rmem_max (208 kB on a stock
 # kernel: 20 ms of that link, shorter than a hypervisor's stall on a busy VM).
 RCVBUF = 64 << 20
+
+
+def send_buffer(plan: LabPlan) -> int:
+    """What a line socket's send buffer must hold: a frame the line puts on a port stays charged
+    to it until it leaves the node's far side, and across a bridge (no routing step to orphan it)
+    that is after waiting in the bridge's egress queue. Smaller than the deepest queue, the socket
+    and not the queue would hold the overflow: the bridge's bottleneck then never dropped, and the
+    line's own retries grew seconds of delay instead (a 10M link behind a 1 ms line)."""
+    deepest = max((c.buffer_bytes for n in plan.nodes for i in n.interfaces if i.shaping is not None
+                   for c in i.shaping.classes), default=0)
+    return max(RCVBUF, 2 * deepest + (4 << 20))
 SO_TIMESTAMPNS = SCM_TIMESTAMPNS = 35
 TIMESPEC = struct.Struct("qq")
 CMSG_SPACE = socket.CMSG_SPACE(TIMESPEC.size)
 
 
-def packet_socket(namespace: str, port: str) -> socket.socket:
+def packet_socket(namespace: str, port: str, sndbuf: int = RCVBUF) -> socket.socket:
     with nsutil.entered(namespace):
         s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
     s.bind((port, ETH_P_ALL))
     s.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, RCVBUF)
+    s.setsockopt(socket.SOL_SOCKET, SO_SNDBUFFORCE, sndbuf)
     # each frame's delay counts from when it reached the line, not from when the line got to it
     s.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
     # no PACKET_QDISC_BYPASS: it skips the capture taps too, and a capture on the fibre must see both ways
@@ -233,8 +245,9 @@ def _send(sock: socket.socket, frame: bytes, c: dict) -> bool:
 
 def directions(plan: LabPlan, link: Link, keys: dict, seed: int) -> list[Direction]:
     (near, _, _), (_, _, _), (far, _, _), (_, _, _) = wires.ports(link)
-    near_a, near_fibre = packet_socket(near, "a"), packet_socket(near, "fibre")
-    far_fibre, far_b = packet_socket(far, "fibre"), packet_socket(far, "b")
+    sndbuf = send_buffer(plan)
+    near_a, near_fibre = packet_socket(near, "a", sndbuf), packet_socket(near, "fibre", sndbuf)
+    far_fibre, far_b = packet_socket(far, "fibre", sndbuf), packet_socket(far, "b", sndbuf)
     delay, jitter = link.lab_delay_ns / 1e9, link.lab_jitter_ns / 1e9
     limit = 2 * int(link.lab_rate_bps / 8 * 2 * (delay + jitter)) + (4 << 20) + link.lab_rate_bps // 8
     sas = {k: esp.Sa.from_dict(v) for k, v in keys.get(str(link.id), {}).items()}
