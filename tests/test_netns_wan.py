@@ -266,3 +266,47 @@ def test_the_line_holds_what_arrives_while_it_waits_for_a_cpu(built_lab, tmp_pat
         for field in ("socket_drops", "overflow", "lost"):
             assert d[field] == before[d["name"]][field], (field, d)
     assert doc["results"][0]["wrong"] == 0 and doc["loss_ledger"]["total"] == 0, doc["loss_ledger"]
+
+
+RATE_LAB = """name: {name}
+dilation: 1
+nodes:
+  h1: {{kind: host}}
+  h2: {{kind: host}}
+links:
+  - {{endpoints: [h1, h2], rate: 10M, latency: 1ms}}
+"""
+UDP_BLAST = """import socket, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+t0, sent = time.monotonic(), 0
+while time.monotonic() < t0 + 2.0:
+    s.sendto(bytes(1400), ("{dst}", 9))
+    sent += 1
+    time.sleep(max(0.0, sent * 1400 * 8 / 30e6 - (time.monotonic() - t0)))
+"""
+
+
+def test_tc_set_rate_on_a_port_that_feeds_the_line_is_the_line_s_rate_too(state_dir, lab_name, tmp_path):
+    """The line paced each direction at the rate `up` gave: a port set from 10 to 40 Mbit/s still
+    delivered 9.9 across a delayed link. 30 Mbit/s for 2 s must arrive at about 30 once it is 40."""
+    require_root()
+    f = tmp_path / "lab.yml"
+    f.write_text(RATE_LAB.format(name=lab_name))
+    plan, lab, _ = labmod.up(str(f), name=lab_name)
+    try:
+        labmod.tc_set(lab, plan, plan.node("h1"), "h2", rate="40M")
+        time.sleep(0.5)                              # the line looks at the record every 0.2 s
+        h2 = plan.node("h2")
+
+        def received() -> int:
+            out = json.loads(subprocess.run(["ip", "-n", h2.namespace, "-s", "-j", "link", "show", "h1"],
+                                            capture_output=True, text=True, check=True).stdout)
+            return out[0]["stats64"]["rx"]["bytes"]
+        before = received()
+        subprocess.run(["ip", "netns", "exec", plan.node("h1").namespace, "python3", "-c",
+                        UDP_BLAST.format(dst=h2.interfaces[0].address.split("/")[0])], check=True, timeout=30)
+        time.sleep(0.1)
+        got = received() - before
+        assert got * 8 / 2.1 > 22e6, f"{got * 8 / 2.1 / 1e6:.1f} Mbit/s arrived"
+    finally:
+        labmod.down(lab_name)

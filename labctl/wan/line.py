@@ -268,13 +268,41 @@ class Line:
         # wan.json is written off the line's loop: a blocked file write would hold every frame in flight
         self.files = Publisher(lab_dir / "wan.json", None) if lab_dir else None
         self.dirs: list[Direction] = []
+        self.senders: list[tuple[Direction, str, str]] = []     # each direction and the port that feeds it
         for link in wires.wired(plan):
-            self.dirs += directions(plan, link, keys, seed=2 * link.id + 1)
+            made = directions(plan, link, keys, seed=2 * link.id + 1)
+            self.dirs += made
+            self.senders += [(d, *end.split(":", 1)) for d, end in zip(made, (link.a, link.b))]
+        self.plan_seen = self._plan_stamp()
         # every socket, with the directions that read from it (a fibre end serves both)
         self.readers: dict[int, list] = {}
         for d in self.dirs:
             self.readers.setdefault(d.src.fileno(), []).append(d.take)
             self.readers.setdefault(d.rx.fileno(), []).append(d.deliver)
+
+    def _plan_stamp(self):
+        try:
+            st = (self.lab_dir / "plan.json").stat() if self.lab_dir else None
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_ino) if st else None
+
+    def follow_rates(self) -> None:
+        """`labctl tc set --rate` on a port that feeds the line rewrites the lab's record: the line
+        carries that direction at the port's new rate from then on (it paced at the rate `up`
+        gave, and a port set faster than that still left at the old rate)."""
+        stamp = self._plan_stamp()
+        if stamp == self.plan_seen:
+            return
+        self.plan_seen = stamp
+        try:
+            plan = LabPlan.from_lab_dir(self.lab_dir)
+        except (OSError, ValueError, KeyError):
+            return                              # caught half-written: the next look reads it whole
+        for d, node, port in self.senders:
+            shaping = plan.node(node).iface(port).shaping
+            if shaping is not None and shaping.rate_bps and shaping.rate_bps != d.rate_bps:
+                d.rate_bps = d.fibre.rate_bps = d.landing.rate_bps = shaping.rate_bps
 
     def counters(self) -> dict:
         for d in self.dirs:
@@ -299,8 +327,10 @@ class Line:
             for d in self.dirs:
                 d.release(now)
                 d.land(now)
-            if self.files and now - last >= COUNTERS_EVERY:
-                self.files.publish(self.counters())
+            if now - last >= COUNTERS_EVERY:
+                self.follow_rates()
+                if self.files:
+                    self.files.publish(self.counters())
                 last = now
 
 
