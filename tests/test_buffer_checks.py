@@ -160,3 +160,16 @@ def test_labctl_plan_lists_the_notes_on_the_lab_file():
     assert result.exit_code == 0, result.output
     text = " ".join(result.output.split())
     assert "notes on the lab file" in text and "links[14].buffer" in text and "never marks CE" in text, text
+
+
+def test_defaults_buffer_on_a_lab_without_a_delayed_link_is_a_located_note(tmp_path):
+    """defaults.buffer: 16MiB on a leaf-spine changed no queue and said nothing."""
+    f = tmp_path / "lab.yml"
+    f.write_text("name: db\ndefaults:\n  buffer: 16MiB\nnodes:\n  a: {kind: host}\n  b: {kind: host}\n"
+                 "links:\n  - endpoints: [a, b]\n")
+    plan = compile_plan(load_topology(f))
+    assert {c.buffer_bytes for n in plan.nodes for i in n.interfaces for c in i.shaping.classes} != {16 << 20}
+    (note,) = [n for n in plan.notes if "defaults.buffer" in n]
+    assert "lab.yml:3" in note and "qos.classes[k].buffer" in note, note
+    f.write_text(f.read_text().replace("  buffer: 16MiB\n", "  buffer: 16MiB\n  latency: 1ms\n"))
+    assert not [n for n in compile_plan(load_topology(f)).notes if "changes nothing" in n]

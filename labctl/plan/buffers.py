@@ -76,7 +76,18 @@ def check(b) -> list[str]:
                     raise _profile_error(smap, key, port, c)
                 if over:
                     short.setdefault((key, over), [port, c, 0])[2] += 1
-    return [_note(smap, key, over, *seen) for (key, over), seen in short.items()]
+    notes = [_note(smap, key, over, *seen) for (key, over), seen in short.items()]
+    if "buffer" in t.defaults.model_fields_set:
+        frame = t.defaults.mtu + qos.ETH_HEADER
+        if t.defaults.buffer < frame:       # what a delayed link would get, used or not
+            raise InputError(smap.where(("defaults", "buffer")), f"a buffer of {t.defaults.buffer} B holds less "
+                             f"than one frame of {frame} B (MTU {t.defaults.mtu} + the {qos.ETH_HEADER}-byte "
+                             "Ethernet header)", f"give at least {frame} B; the default is 4MiB")
+        if not any(lk.latency_ns for lk in b.links):
+            notes.append(f"{smap.where(('defaults', 'buffer'))}: it sizes only the ports of links "
+                         "with latency (a WAN); this lab has none, so it changes nothing. A fabric port's buffer "
+                         "is each class's: qos.classes[k].buffer, or a link's buffer:")
+    return notes
 
 
 def _over(c) -> str:

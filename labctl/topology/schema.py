@@ -57,7 +57,9 @@ class Defaults(Strict):
     mtu: int = Field(9000, ge=1280, le=9000, description="interface MTU in bytes, 1280..9000")
     rate: Rate = Field(100_000_000_000, description="link rate of the real fabric, e.g. 400G")
     latency: Duration = Field(0, description="one-way propagation delay of a link, e.g. 1us")
-    buffer: Size = Field(4 * 1024 * 1024, description="egress buffer per port in bytes, e.g. 4MiB")
+    buffer: Size = Field(4 * 1024 * 1024, description="the least egress buffer of a delayed link's ports (a "
+                         "WAN's, with the bandwidth-delay product), e.g. 4MiB; fabric ports take "
+                         "qos.classes[k].buffer")
 
 
 LB_MODES = ("ecmp", "ecmp-qp", "spray", "adaptive")
