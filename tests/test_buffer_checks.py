@@ -173,3 +173,12 @@ def test_defaults_buffer_on_a_lab_without_a_delayed_link_is_a_located_note(tmp_p
     assert "lab.yml:3" in note and "qos.classes[k].buffer" in note, note
     f.write_text(f.read_text().replace("  buffer: 16MiB\n", "  buffer: 16MiB\n  latency: 1ms\n"))
     assert not [n for n in compile_plan(load_topology(f)).notes if "changes nothing" in n]
+
+
+def test_tc_set_rate_with_a_class_is_refused_not_applied_to_the_whole_port():
+    """`tc set leaf1:spine1 --class bogus --rate 30M` reshaped the whole port and ignored --class."""
+    from labctl.lifecycle.runtime import tc_check
+    plan = compile_plan(load_topology(ROOT / "topologies" / "leaf-spine.yml"))
+    with pytest.raises(LabError, match="--rate shapes the port leaf1:spine1 whole"):
+        tc_check(None, plan, plan.node("leaf1"), "spine1", class_name="bogus", rate="30M")
+    assert tc_check(None, plan, plan.node("leaf1"), "spine1", rate="30M") == (30_000_000, {})

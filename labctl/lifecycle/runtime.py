@@ -106,6 +106,12 @@ def tc_check(lab: state.LabDir, plan: LabPlan, node: Node, iface: str | None, cl
     if rate is not None:
         if iface is None:
             raise LabError("--rate needs a port", f"write NODE:PORT, e.g. {node.name}:{node.interfaces[0].name}")
+        if class_name is not None:
+            # a class's share of a port follows its weight (qos.classes): --rate shapes the port
+            # whole, and a --class beside it (misspelled or not) was silently ignored
+            raise LabError(f"--rate shapes the port {node.name}:{iface} whole; --class {class_name} does not "
+                           "apply to it", "give --rate without --class (each class keeps its share of the port's "
+                           "rate), and --class with --ecn, --kmin/--kmax/--pmax, --pfc or --xoff/--xon")
         try:
             bps = parse_rate(rate)
         except ValueError as exc:
