@@ -98,3 +98,17 @@ def test_go_back_n_resends_are_charged_their_payload_share_of_the_ports_time(tmp
     assert loss.startswith("loss: 100 packets dropped (loss ledger); go-back-N resent 409,600 payload bytes"), loss
     assert "about 0.02 s at the ports' rate" in loss, loss
     assert out["causes"][1].startswith("the CPU ceiling of this machine: the other 0.97 s"), out
+
+
+def test_a_fabric_link_asked_more_than_the_bound_is_named_before_the_cpu(tmp_path):
+    """Four QPs hashed 6 of 8 flows onto leaf4:spine1 (21.3 MB at 100 Mbit/s: 1.70 s, the run's
+    time) and the account blamed the CPU; so did a port slowed by `tc set --rate`."""
+    d = doc(1.70, 1.0)
+    d["busiest_uplink"] = {"port": "leaf4:spine1", "bytes": 21_300_000, "rate_bps": 100_000_000, "seconds": 1.704}
+    out = causes.explain(d, tmp_path / "none.csv")
+    assert [c.split(":")[0] for c in out["causes"]] == ["busiest fabric link"], out
+    assert "leaf4:spine1 carried 21.3 MB" in out["causes"][0] and "about 0.69 s" in out["causes"][0], out
+    # within the bound, the link is no cause
+    d["busiest_uplink"]["seconds"] = 0.9
+    assert [c.split(":")[0] for c in causes.explain(d, tmp_path / "none.csv")["causes"]] == \
+        ["the CPU ceiling of this machine"]

@@ -57,6 +57,26 @@ def uplink_deltas(before: dict, after: dict) -> dict[str, dict[str, dict[str, in
             for leaf, ports in before.items()}
 
 
+def busiest_uplink(plan: LabPlan, uplinks: dict, share: float = 1.0) -> dict | None:
+    """The leaf-spine port whose bytes in `uplinks` (an uplink_deltas; times `share`, the part of
+    the run its measured operations sent) take the longest at the port's rate, as the lab's record
+    has it (`tc set --rate` included): {port, bytes, rate_bps, seconds}. A run cannot end sooner."""
+    best = None
+    for leaf, ports in uplinks.items():
+        for port, ways in ports.items():
+            up = plan.node(leaf).iface(port)
+            down = plan.node(up.peer_node).iface(up.peer_iface)
+            for name, nbytes, iface in ((f"{leaf}:{port}", ways["up"], up),
+                                        (f"{up.peer_node}:{up.peer_iface}", ways["down"], down)):
+                if iface.shaping is None or not iface.shaping.rate_bps:
+                    continue
+                seconds = nbytes * share * 8 / iface.shaping.rate_bps
+                if best is None or seconds > best["seconds"]:
+                    best = {"port": name, "bytes": int(nbytes * share), "rate_bps": iface.shaping.rate_bps,
+                            "seconds": seconds}
+    return best
+
+
 def link_imbalance(uplinks: dict, floor: int = 1_000_000) -> dict:
     """max / mean bytes over each leaf's uplinks, per direction (up: what the leaf spread; down:
     what the others sent it through the spines), and the worst of them; a leaf-direction that

@@ -53,6 +53,16 @@ def explain(doc: dict, queues_csv: Path) -> dict | None:
         stretched = min((worst - 1) * parts["bandwidth_s"], time_s - bound)
         causes.append(f"ECMP collision, about {stretched:.2f} s ({stretched / time_s:.0%} of the run): "
                       + placed["note"])
+    link = doc.get("busiest_uplink")
+    if not stretched and link and link["seconds"] > bound:
+        # no ring collision named, yet one fabric port was asked more than the bound allows (QPs
+        # hashed onto one uplink, a port slowed by `tc set --rate`): the run could not end sooner
+        from labctl.units import format_rate
+        stretched = min(link["seconds"] - bound, time_s - bound)
+        causes.append(f"busiest fabric link: {link['port']} carried {link['bytes'] / 1e6:.1f} MB of the measured "
+                      f"operations, {link['seconds']:.2f} s at its {format_rate(link['rate_bps'])}: about "
+                      f"{stretched:.2f} s ({stretched / time_s:.0%} of the run) past the bound, which counts the "
+                      "GPUs' own ports (`labctl route` shows which flows share it)")
     frames, held = pauses(queues_csv)
     if frames:
         causes.append(f"pauses: {frames:,} PFC frames sent; the longest-held class waited {held:.2f} s")

@@ -243,6 +243,7 @@ def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Pa
         doc["dim_bytes"] = doc["train"]["dim_bytes"]
     if trace is not None:
         doc.update(placement.traced(plan, trace, w, [op.schedule for op in ops[:1]], ranks))
+    doc["busiest_uplink"] = fabricports.busiest_uplink(plan, doc["uplinks"], _measured_share(results, counters))
     doc["slow_run"] = causes.explain(doc, out_dir / "queues.csv")
     (out_dir / "results.json").write_text(json.dumps(doc, indent=1))
     return doc
@@ -316,6 +317,14 @@ def fabric_bytes(plan: LabPlan, ops: list[Op], before: dict, after: dict, tcp: b
         doc["fabric_bytes_note"] = "TCP flows are measured but not in the expected figure (their headers and " \
                                    "ACKs depend on TCP's segmentation)"
     return doc
+
+
+def _measured_share(results: list[dict], counters: dict) -> float:
+    """The part of what the agents sent that the measured operations sent (warm-ups are the rest):
+    port counters run across both."""
+    measured = sum(p["bytes_sent"] for r in results for p in r["per_rank"].values())
+    total = sum(q.get("bytes", 0) for c in counters.values() for q in c.get("tx", []))
+    return min(1.0, measured / total) if total else 1.0
 
 
 # With no `timeout` given, an operation may take up to SLOW_FACTOR x its bound as long as it moves,
