@@ -134,3 +134,15 @@ def test_a_file_root_does_not_own_alone_is_not_run_as_root_without_trust(tmp_pat
         assert "--trust" in exc.value.fix and not marker.exists(), "refused before it ran"
     sources.render(str(f), topo="T", trust=True)
     assert marker.exists()
+
+
+def test_a_delay_without_a_unit_is_read_as_tc_reads_it():
+    """Mininet hands TCLink's delay to netem, where 5 is 5 us; labctl's bare numbers are seconds,
+    so delay=5 was refused as over a second and delay=0.5 taken as 500 ms."""
+    import yaml
+    mn = {"hosts": ["h1", "h2"], "switches": ["s1"],
+          "links": [{"a": "h1", "b": "s1", "delay": 5}, {"a": "s1", "b": "h2", "delay": "2ms", "jitter": "0.5"}]}
+    text = sources._lab_yaml(mn, None, "t", "mut")
+    links = yaml.safe_load(text)["links"]
+    assert [lk.get("latency") for lk in links] == ["5us", "2ms"] and links[1]["jitter"] == "0.5us"
+    assert "delay 5 has no unit" in text and "reads microseconds" in text

@@ -76,6 +76,16 @@ def mininet_yaml(file: str | None, topo: str, name: str | None, trust: bool = Fa
     return _lab_yaml(mininet_read.read(file, topo, trust), file, topo, name)
 
 
+def _tc_time(value, what: str, notes: list[str]) -> str:
+    """A TCLink delay or jitter as tc reads it: Mininet hands the text to netem, where a number
+    without a unit is microseconds (labctl's own bare numbers are seconds)."""
+    text = str(value).strip()
+    if re.fullmatch(r"[0-9]*\.?[0-9]+", text):
+        notes.append(f"{what} {text} has no unit: tc, to which Mininet hands it, reads microseconds ({text}us)")
+        return f"{text}us"
+    return text
+
+
 def _lab_yaml(mn: dict, file: str | None, topo: str, name: str | None) -> str:
     notes: list[str] = []
     names: dict[str, str] = {}
@@ -99,10 +109,9 @@ def _lab_yaml(mn: dict, file: str | None, topo: str, name: str | None) -> str:
         link = {"endpoints": [names.get(lk["a"], lk["a"]), names.get(lk["b"], lk["b"])]}
         if lk.get("bw"):
             link["rate"] = f"{lk['bw']}M"
-        if lk.get("delay"):
-            link["latency"] = str(lk["delay"])
-        if lk.get("jitter"):
-            link["jitter"] = str(lk["jitter"])
+        for key, ours in (("delay", "latency"), ("jitter", "jitter")):
+            if lk.get(key):
+                link[ours] = _tc_time(lk[key], f"link {link['endpoints'][0]}-{link['endpoints'][1]}: {key}", notes)
         if lk.get("loss"):
             link["loss"] = float(lk["loss"]) / 100
         if lk.get("ignored"):
