@@ -143,7 +143,17 @@ def link_rates_and_delays(topo: TopologySpec, smap: SourceMap) -> None:
             raise InputError(smap.where(key),
                              f"{format_rate(rate)} at dilation {topo.dilation:g} is {format_rate(lab_rate)} "
                              f"in the lab, too slow to carry a jumbo frame in a second",
-                             f"lower dilation to at most {rate / LAB_RATE_MIN:g}, or raise the rate")
+                             _slow_fix(rate, topo.dilation))
+
+
+def _slow_fix(rate: float, dilation: float) -> str:
+    """How to make a rate the lab can carry: a bare number is bit/s (rate: 100 meant 100M, as
+    Mininet's bw does), and a dilation below 1 is no way out."""
+    most = rate / LAB_RATE_MIN
+    if rate < 1e6:
+        return f"a bare number is bit/s: write the unit, e.g. {rate:g}M for {rate:g} Mbit/s"
+    return f"lower dilation to at most {most:g}, or raise the rate" if most >= 1 else \
+        f"raise the rate: even at dilation 1 the lab needs at least {format_rate(LAB_RATE_MIN)}"
 
 
 def _delay(topo: TopologySpec, smap: SourceMap, i: int, link) -> None:

@@ -15,7 +15,17 @@ NAME_PATTERN = r"^[a-z][a-z0-9_-]*$"
 IMAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:@-]*$"
 
 Rate = Annotated[int, BeforeValidator(parse_rate), Field(gt=0, description="a rate such as 400G or 100Mbit")]
-Duration = Annotated[int, BeforeValidator(parse_duration_ns),
+def _duration_to_1s(value) -> int:
+    """A delay of at most a second, refused with its unit named: the bound's own message said
+    "less than or equal to 1000000000 (got 5)", with no unit on either side."""
+    ns = parse_duration_ns(value)
+    if ns > 10**9:
+        raise ValueError(f"{value!r} is {ns / 1e9:g} s, over the 1 s a delay may be (a number without a unit "
+                         "is seconds): write the unit, e.g. 5ms or 5us")
+    return ns
+
+
+Duration = Annotated[int, BeforeValidator(_duration_to_1s),
                      Field(ge=0, le=10**9, description="a duration such as 2us or 5ms, at most 1s")]
 Size = Annotated[int, BeforeValidator(parse_size), Field(gt=0, description="a size such as 1MiB or 9000")]
 Name = Annotated[str, Field(pattern=NAME_PATTERN, max_length=40,
