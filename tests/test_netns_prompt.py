@@ -33,13 +33,22 @@ def lab_of(name: str) -> Topology:
     return t
 
 
+def _own_terminal() -> None:
+    """In the child: a session of its own whose controlling terminal is the pty on its stdin, so
+    that Ctrl-C typed there is SIGINT to its foreground group, as in a person's terminal."""
+    import fcntl
+    import termios
+    os.setsid()
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
 class Terminal:
     """A process on a pseudo-terminal: type into it, wait for what it prints."""
 
     def __init__(self, argv: list[str], env: dict):
         self.fd, slave = pty.openpty()
         self.proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True,
-                                     start_new_session=True)
+                                     preexec_fn=_own_terminal)
         os.close(slave)
         self.seen = ""
 
@@ -118,6 +127,17 @@ def _answers(env: dict, lab_name: str, history: Path) -> None:
             assert re.search(r"^spine@\S+\s+UP", term.expect(PROMPT), re.M)
             term.type("no-such-thing\n")
             assert "unknown command 'no-such-thing'" in term.expect(PROMPT)
+            # a node's command prints as it runs, and Ctrl-C stops it, not the prompt (Mininet's way)
+            term.type("alpha ping -i 0.2 beta\n")
+            term.expect(r"bytes from .*\n.*bytes from")
+            term.type("\x03")
+            term.expect(PROMPT)
+            term.type("\x03")                                    # at the prompt's own line: a new line
+            term.expect(PROMPT)
+            term.type("nodes\n")
+            assert "alpha(gpu)" in term.expect(PROMPT)
+            term.type("alpha ping -c1 beta | tail -1\n")       # no shell: said, not passed to ping
+            assert "no shell runs a node's command here" in term.expect(PROMPT)
             term.type("exit\n")
             assert term.close() == 0
         finally:
@@ -142,6 +162,9 @@ def test_every_command_also_runs_without_the_prompt(state_dir, lab_name, tmp_pat
         assert "leaf: alpha -> alpha:leaf, spine -> spine:leaf" in r.stdout
         assert re.search(r"<gpu alpha: 10\.[\d.]+/\d+.* netns=" + lab_name + "-alpha>", r.stdout), r.stdout
         assert "1 received" in r.stdout
+        r = cli("alpha sh -c 'echo one; echo two'; alpha sleep 30 &")     # a ; inside quotes is the command's
+        assert r.returncode == 0 and "one\ntwo\n" in r.stdout and "in the background" in r.stdout, r.stdout + r.stderr
+        assert subprocess.run(["pgrep", "-f", "sleep 30"], capture_output=True).returncode == 1   # stopped at the end
         r = cli("link leaf:spine down; pingall")
         assert r.returncode == 1 and "0/2 pairs reachable" in r.stdout
         assert cli("link leaf:spine up; pingall").returncode == 0

@@ -1,6 +1,8 @@
 """`labctl cli LAB`: a prompt with Mininet's habits, over a running lab.
 
     labctl> srv1-gpu0 ping -c1 srv2-gpu1      a command inside a node; node names become addresses
+    labctl> srv2-gpu1 iperf3 -s &             in the background until the prompt ends (no shell:
+                                              for a pipe, srv1-gpu0 sh -c '... | ...')
     labctl> pingall                           every pair of end hosts
     labctl> nodes | links | net | dump        what the lab is made of
     labctl> route srv1-gpu0 srv2-gpu1 49152   a flow's path as the kernels hash it
@@ -27,6 +29,7 @@ import click
 from labctl.cli.base import cli
 from labctl.errors import LabError
 
+SHELL_WORDS = ("|", "||", "&&", ">", ">>", "<", "2>", "2>&1", "&")   # what only a shell would read
 HISTORY_NAME = ".labctl_history"
 HISTORY_LINES = 1000
 # a labctl command of the prompt's: labctl imported first (at /), then run in the prompt's directory
@@ -44,6 +47,7 @@ class Prompt(cmd.Cmd):
         self.plan = lifecycle.load_plan(lab)
         self.names = {n.name for n in self.plan.nodes}
         self.failed = False
+        self.background: list[subprocess.Popen] = []
         self.intro = (f"lab {self.plan.lab}: {len(self.plan.nodes)} nodes, {len(self.plan.links)} links. "
                       "Type help, or a node name and a command. Ctrl-D or exit leaves.")
 
@@ -109,8 +113,11 @@ class Prompt(cmd.Cmd):
         # -P and cwd=/: labctl is imported from its install, never from a labctl/ folder of the
         # directory the user stands in (this runs as root); the command then runs where the user
         # stands, so a relative path in it means what it means at the prompt
+        # as wide as the terminal where there is one; piped, the child decides (a fixed 80 squeezed
+        # `tc show` to n… p… c…)
+        env = {**os.environ, "COLUMNS": width} if self.stdout.isatty() else dict(os.environ)
         r = subprocess.run([sys.executable, "-P", "-c", CHILD, os.getcwd(), *argv], capture_output=True, text=True,
-                           env={**os.environ, "COLUMNS": width}, cwd="/")
+                           env=env, cwd="/")
         self.stdout.write(r.stdout + r.stderr)
         self.failed = self.failed or r.returncode != 0
 
@@ -127,18 +134,66 @@ class Prompt(cmd.Cmd):
         self._labctl(["run", *shlex.split(arg), "--lab", self.plan.lab])
 
     def default(self, line):
-        """NODE COMMAND...: the command inside the node, other nodes' names replaced by their addresses."""
+        """NODE COMMAND... [&]: the command inside the node, other nodes' names replaced by their
+        addresses; no shell runs it (for a pipe: NODE sh -c '...'); a last `&` runs it in the
+        background until the prompt ends, as Mininet's does."""
         words = shlex.split(line)
         if not words or words[0] not in self.names:
             self.say(f"*** unknown command {words[0] if words else line!r}: type help")
             self.failed = True
             return
+        background = words[-1] == "&"
+        words = words[:-1] if background else words
+        shell = [w for w in words if w in SHELL_WORDS]
+        if shell:
+            self.say(f"*** {shell[0]!r}: no shell runs a node's command here; for a pipeline or redirection write "
+                     f"{words[0]} sh -c '...'")
+            self.failed = True
+            return
         node = self.plan.node(words[0])
         from labctl.lifecycle import targets
-        argv = targets.with_addresses(self.plan, node.name, words[1:])
-        r = subprocess.run(self.lifecycle.backend_of(self.lab).exec_argv(node, argv), capture_output=True, text=True)
-        self.stdout.write(r.stdout + r.stderr)
-        self.failed = self.failed or r.returncode != 0
+        argv = self.lifecycle.backend_of(self.lab).exec_argv(
+            node, targets.with_addresses(self.plan, node.name, words[1:]))
+        if background:
+            self.stdout.flush()
+            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL, start_new_session=True)
+            self.background.append(p)
+            self.say(f"[{len(self.background)}] {p.pid}: in the background until you leave the prompt (its output "
+                     "is not shown)")
+            return
+        if self.stdout is not sys.stdout:       # a caller that reads what the prompt says
+            r = subprocess.run(argv, capture_output=True, text=True)
+            self.stdout.write(r.stdout + r.stderr)
+            self.failed = self.failed or r.returncode != 0
+            return
+        # the terminal's own: output as it comes (`ping` prints each reply), Ctrl-C stops the
+        # command and not the prompt, as in Mininet
+        self.stdout.flush()
+        p = subprocess.Popen(argv)
+        try:
+            code = p.wait()
+        except KeyboardInterrupt:
+            try:
+                code = p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                code = p.wait()
+            self.say("")
+        self.failed = self.failed or code != 0
+
+    def stop_background(self) -> None:
+        """Stop what `NODE COMMAND &` started (each in a session of its own, so its whole group)."""
+        import signal
+        for p in self.background:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGTERM)
+                    p.wait(timeout=5)
+                except (ProcessLookupError, subprocess.TimeoutExpired):
+                    p.kill()
+                    p.wait()
+        self.background.clear()
 
     def do_exit(self, arg):
         """exit: leave the prompt (the lab stays up)"""
@@ -190,8 +245,11 @@ def cli_(lab, commands):
     lifecycle.require_root("labctl cli")
     prompt = Prompt(lifecycle.default_lab(lab, positional=True))
     if commands:
-        for line in commands.split(";"):
-            prompt.onecmd(line.strip())
+        try:
+            for line in split_commands(commands):
+                prompt.onecmd(line)
+        finally:
+            prompt.stop_background()
         raise SystemExit(1 if prompt.failed else 0)
     try:
         import readline
@@ -203,13 +261,35 @@ def cli_(lab, commands):
         for line in read_history(history):
             readline.add_history(line)
     try:
-        prompt.cmdloop()
-    except KeyboardInterrupt:
-        prompt.say("")
+        while True:
+            try:
+                prompt.cmdloop()
+                break
+            except KeyboardInterrupt:       # at the prompt's own line: a new line, as Mininet's
+                prompt.say("")
+                prompt.intro = None
     finally:
+        prompt.stop_background()
         if readline is not None:
             n = readline.get_current_history_length()
             write_history(history, [readline.get_history_item(i) for i in range(max(1, n - HISTORY_LINES + 1), n + 1)])
+
+
+def split_commands(text: str) -> list[str]:
+    """`-c` commands, split at each `;` outside quotes (`h1 sh -c 'echo a; echo b'` is one)."""
+    out, cur, quote = [], [], None
+    for ch in text:
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == ";":
+            out.append("".join(cur).strip())
+            cur = []
+            continue
+        cur.append(ch)
+    out.append("".join(cur).strip())
+    return [c for c in out if c]
 
 
 def history_file() -> Path:
