@@ -103,8 +103,10 @@ def test_a_lab_file_or_sets_with_topo_are_refused(tmp_path):
 def test_upper_case_names_and_what_is_not_carried_over_are_noted(tmp_path):
     f = topo_file(tmp_path, "class T(Topo):\n    def build(self):\n        r = self.addHost('R0', ip='192.168.1.1/24')\n"
                   "        c = self.addHost('Client')\n        s = self.addSwitch('s1')\n"
-                  "        self.addLink(r, s, intfName1='r0-eth1')\n        self.addLink(c, s)\n")
+                  "        self.addLink(r, s, intfName1='r0-eth1')\n"
+                  "        from mininet.link import TCLink\n        self.addLink(c, s, cls=TCLink, bw=10)\n")
     text = sources.render(str(f), topo="T")
+    assert "cls" not in text, text          # a TCLink's bw is carried: its class is no loss
     assert "# note: node 'R0' is 'r0' here" in text and "# note: node 'Client' is 'client' here" in text
     assert "# note: r0: ip not carried over" in text
     assert "# note: link r0-s1: intfName1 not carried over" in text

@@ -143,8 +143,10 @@ def plan(file, sets, name, template_dirs, topo, trust, as_json, kind_map, image_
             out.print(f"  - {note}", highlight=False, markup=False)
     notes = [line[len("# note: "):] for line in loaded.text.splitlines() if line.startswith("# note: ")]
     if notes:
-        out.print("[bold]how the containerlab file was read[/] (`labctl render FILE` shows the lab it became):",
-                  highlight=False)
+        from rich.markup import escape
+        what, render = (("Mininet topology", f"`labctl render FILE --topo {topo}`") if topo else
+                        ("containerlab file", "`labctl render FILE`"))
+        out.print(f"[bold]how the {what} was read[/] ({escape(render)} shows the lab it became):", highlight=False)
         for note in notes:
             out.print(f"  - {note}", highlight=False, markup=False)
 

@@ -25,6 +25,7 @@ import traceback
 
 # what labctl carries over from a link's options; a node's options it does not (their names are reported)
 LINK_KEYS = ("bw", "delay", "loss", "jitter")
+CARRIED_LINK_CLASSES = ("Link", "TCLink", "TCULink")      # what LINK_KEYS (and a veth) carry whole
 NODE_KEYS_READ = ("isSwitch",)
 
 
@@ -59,8 +60,10 @@ def read(path, source, spec):
         for key in LINK_KEYS:
             if info.get(key) is not None:
                 link[key] = info[key]
+        # a TCLink's bw, delay and loss are what LINK_KEYS carry: its class is no loss
         dropped = sorted(str(k) for k, v in info.items()
-                         if k not in LINK_KEYS + ("node1", "node2", "port1", "port2") and v is not None)
+                         if k not in LINK_KEYS + ("node1", "node2", "port1", "port2") and v is not None
+                         and not (k == "cls" and getattr(v, "__name__", "") in CARRIED_LINK_CLASSES))
         if dropped:
             link["ignored"] = dropped
         links.append(link)
