@@ -36,11 +36,12 @@ def explain(doc: dict, queues_csv: Path) -> dict | None:
         return None
     parts = {k: sum(r["bound"].get(k, 0.0) for r in rs) for k in ("bandwidth_s", "alpha_s", "propagation_s", "serial_s")}
     causes = []
-    if parts["propagation_s"] > 0:
+    worth = max(0.005, 0.01 * bound)       # a part of the bound worth a line: not "0.00 s (0%)"
+    if parts["propagation_s"] >= worth:
         causes.append(f"WAN latency: {parts['propagation_s']:.2f} s of the {bound:.2f} s bound is propagation that "
                       f"sending cannot hide ({parts['propagation_s'] / bound:.0%}): before a port's first data "
                       f"arrives, after its last, and along chains of transfers that wait for one another")
-    if parts["serial_s"] > 0:
+    if parts["serial_s"] >= worth:
         causes.append(f"waits in series: {parts['serial_s']:.2f} s of the bound ({parts['serial_s'] / bound:.0%}) is "
                       f"transfers that wait for one another: a chain longer than the busiest port's bytes, or that "
                       f"port waiting for its first data and the pipeline draining after its last")
