@@ -182,3 +182,18 @@ def test_tc_set_rate_with_a_class_is_refused_not_applied_to_the_whole_port():
     with pytest.raises(LabError, match="--rate shapes the port leaf1:spine1 whole"):
         tc_check(None, plan, plan.node("leaf1"), "spine1", class_name="bogus", rate="30M")
     assert tc_check(None, plan, plan.node("leaf1"), "spine1", rate="30M") == (30_000_000, {})
+
+
+def test_tc_set_names_an_unknown_class_and_a_pmax_out_of_range_with_fixes_of_their_own(tmp_path):
+    """`--class rcoe --ecn off` said "no class takes ['ecn']", and `--pmax 2` was told to give
+    both thresholds so that low <= high."""
+    from labctl.lifecycle.runtime import tc_check
+    plan = compile_plan(load_topology(ROOT / "topologies" / "leaf-spine.yml"))
+
+    class Lab:
+        path = tmp_path
+    with pytest.raises(LabError, match="has no class 'rcoe' \\(did you mean 'roce'\\?\\)"):
+        tc_check(Lab, plan, plan.node("leaf1"), "spine1", class_name="rcoe", ecn="off")
+    with pytest.raises(LabError) as err:
+        tc_check(Lab, plan, plan.node("leaf1"), "spine1", pmax="2")
+    assert "not a probability" in str(err.value) and "from 0 to 1" in err.value.fix

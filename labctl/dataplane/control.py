@@ -130,13 +130,22 @@ class PortSettings:
     xon: int
     rate: int       # the port's rate (bit/s): the plan's until `tc set --rate` changes it
 
-    def validate(self, where: str) -> None:
+    def problem(self, where: str) -> tuple[str, str] | None:
+        """(what is wrong, the fix) with these settings, or None."""
         if not 0 <= self.pmax <= 1:
-            raise ValueError(f"{where}: pmax {self.pmax} is not a probability (0..1)")
+            return f"{where}: pmax {self.pmax} is not a probability", "give --pmax from 0 to 1 (e.g. 0.2)"
         if self.kmin > self.kmax:
-            raise ValueError(f"{where}: kmin {self.kmin} is above kmax {self.kmax}")
+            return (f"{where}: kmin {self.kmin} is above kmax {self.kmax}",
+                    "give --kmin at most --kmax (both, if the one in force is in the way)")
         if self.xon > self.xoff:
-            raise ValueError(f"{where}: xon {self.xon} is above xoff {self.xoff}")
+            return (f"{where}: xon {self.xon} is above xoff {self.xoff}",
+                    "give --xon at most --xoff (both, if the one in force is in the way)")
+        return None
+
+    def validate(self, where: str) -> None:
+        wrong = self.problem(where)
+        if wrong:
+            raise ValueError(wrong[0])
 
 
 def settings_for(plan, node, iface, cls, overrides: dict) -> PortSettings:
@@ -208,6 +217,14 @@ def pick(lab_path: Path, plan, node, iface: str | None, class_name: str | None, 
     settings to lossless classes."""
     from labctl.errors import LabError
     overrides = load(lab_path)["ports"]
+    if class_name is not None:
+        known = sorted({c.name for i in node.interfaces if not iface or i.name == iface for c in i.shaping.classes})
+        if class_name not in known:
+            import difflib
+            close = difflib.get_close_matches(class_name, known, n=1)
+            raise LabError(f"{node.name}{':' + iface if iface else ''} has no class {class_name!r}"
+                           + (f" (did you mean {close[0]!r}?)" if close else ""),
+                           f"classes here: {', '.join(known)}")
     picked = {}
     for i in node.interfaces:
         if iface and i.name != iface:
@@ -222,10 +239,9 @@ def pick(lab_path: Path, plan, node, iface: str | None, class_name: str | None, 
             st = settings_for(plan, node, i, c, overrides)
             for k, v in wanted.items():
                 setattr(st, k, v)
-            try:
-                st.validate(f"{node.name}:{i.name} class {c.name}")
-            except ValueError as exc:
-                raise LabError(str(exc), "give both thresholds so that low <= high") from None
+            wrong = st.problem(f"{node.name}:{i.name} class {c.name}")
+            if wrong:
+                raise LabError(*wrong)
             check_buffer(f"{node.name}:{i.name}", c, wanted)
             picked[key(node.name, i.name, c.tc)] = wanted
     if not picked:
