@@ -25,8 +25,9 @@ def cannot_express(plan: LabPlan) -> list[str]:
     capped = [lk for lk in plan.links if lk.lab_rate_bps / 1e6 > MININET_BW_MAX]
     if capped:
         out.append(f"{len(capped)} link(s) faster than Mininet's {MININET_BW_MAX} Mbit/s cap run at that cap")
-    if any(lk.lab_delay_ns or lk.lab_jitter_ns for lk in plan.links):
-        out.append("link delay and jitter need netem (TCLink delay=); the WAN line's ordering guarantee is not kept")
+    if any(lk.lab_delay_ns or lk.lab_jitter_ns or lk.loss for lk in plan.links):
+        out.append("link delay, jitter and loss need netem (TCLink delay=, loss=); the WAN line's ordering "
+                   "guarantee is not kept")
     if any(lk.encrypt for lk in plan.links):
         out.append("ESP encryption of WAN links: left out")
     if any(fabric_kind(f.kind).credit_based for f in plan.fabrics.values()):
@@ -132,10 +133,11 @@ def build():
 
 
 def _warn_if_delay_dropped(net):
-    """TCLink builds the link even when the kernel has no netem: say so rather than run without delay."""
-    lk = next((lk for lk in LINKS if "delay" in lk), None)
+    """TCLink builds the link even when the kernel has no netem: say so rather than run without
+    the delay and loss (netem carries both)."""
+    lk = next((lk for lk in LINKS if "delay" in lk or "loss" in lk), None)
     if lk and "netem" not in net.get(lk["a"]).cmd("tc qdisc show dev " + lk["a_if"]):
-        print("*** warning: this kernel has no netem (sch_netem): links run without their delay")
+        print("*** warning: this kernel has no netem (sch_netem): links run without their delay and loss")
 
 
 def pingall(net):

@@ -104,6 +104,10 @@ def table(doc: dict) -> str:
     if doc.get("controller_reaction", {}).get("reads"):
         from labctl.telemetry.reaction import describe
         lines.append("# " + describe(doc["controller_reaction"]))
+    if doc.get("changed_during_run"):
+        changed = doc["changed_during_run"]
+        lines.append(f"# changed while the run played (labctl lb, tc set; plan.json is the lab as it began): "
+                     f"{'; '.join(changed[:6])}{f'; and {len(changed) - 6} more' if len(changed) > 6 else ''}")
     lines += flow_lines(doc.get("flows", []))
     from labctl.traffic.fabricmap import table as fabric_table
     lines += fabric_table(doc)

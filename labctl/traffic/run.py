@@ -17,7 +17,7 @@ from labctl.plan.model import LabPlan
 from labctl.state import LabDir
 from labctl.telemetry import fabricports, ledger, linkbytes
 from labctl.telemetry.sampler import QueueSampler
-from labctl.traffic import algorithms, causes, fabricmap, flows, fsdp, placement, report, schedule as sch, train_run
+from labctl.traffic import algorithms, causes, changes, fabricmap, flows, fsdp, placement, report, schedule as sch, train_run
 from labctl.traffic.dcqcn import Params
 from labctl.traffic.tcpflow import FlowRun
 from labctl.traffic.bound import bound_parts, chain_seconds
@@ -206,6 +206,7 @@ def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Pa
     out_dir.mkdir(parents=True, exist_ok=True)   # new_run_dir() made it for a command; experiments nest runs
     (out_dir / "workload.yml").write_text(loaded.text)
     (out_dir / "plan.json").write_text(json.dumps(plan.to_dict()))
+    as_began = changes.record(lab)
     with procs.realtime():
         losses_before = ledger.snapshot(plan, lab.path)
     reactions_before, since = reaction.read(lab.path), time.monotonic()
@@ -243,6 +244,9 @@ def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Pa
         doc["dim_bytes"] = doc["train"]["dim_bytes"]
     if trace is not None:
         doc.update(placement.traced(plan, trace, w, [op.schedule for op in ops[:1]], ranks))
+    changed = changes.during(as_began, lab)
+    if changed:
+        doc["changed_during_run"] = changed
     doc["busiest_uplink"] = fabricports.busiest_uplink(plan, doc["uplinks"], _measured_share(results, counters))
     doc["slow_run"] = causes.explain(doc, out_dir / "queues.csv")
     (out_dir / "results.json").write_text(json.dumps(doc, indent=1))
