@@ -187,6 +187,17 @@ def test_an_exported_lab_keeps_pfc_with_only_the_agents_it_carries(docker_engine
         st = lab.read_state()
         assert not st.get("controller_pid") and not st.get("agent_pids")      # labctl runs none of its own
         _wait_ready(out, served)
+        # the carried agents run as labctl's own would: real-time, out of their container's CPU group
+        # (which has no real-time budget; the engine's exec puts them there)
+        from labctl.cluster.engines import Engines
+        from labctl.containers import nodes as container_nodes
+        engines = Engines()
+        try:
+            for name in served:
+                pid = container_nodes.exec_pid(engines.container(lab_plan.node(name)), agents.MODULE)
+                assert pid and os.sched_getscheduler(pid) == os.SCHED_FIFO, (name, pid)
+        finally:
+            engines.close()
         receiver, senders = plan.node("srv1-gpu0"), [n for n in plan.nodes if n.kind == "gpu" and n.name != "srv1-gpu0"]
         roce = next(c for c in receiver.interfaces[0].shaping.classes if c.lossless)
         dst = (receiver.iface("leaf1").address.split("/")[0], 4791)

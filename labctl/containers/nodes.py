@@ -145,6 +145,12 @@ def agent_binds(lab: LabDir, node: Node) -> list[str]:
     return [f"{code}:{AGENT_CODE}/labctl:ro", f"{home}:{AGENT_HOME}"]
 
 
+def carries_agent(node: Node) -> bool:
+    """Whether the node binds a directory of its own at AGENT_HOME: its exec lines start the agent
+    a containerlab export carries (exports/clab.py)."""
+    return bool(node.container) and any(b.partition(":")[2].split(":")[0] == AGENT_HOME for b in node.container.binds)
+
+
 def _adopt_carried_agent(lab: LabDir, node: Node, binds: list[str]) -> None:
     """A node that binds a directory of its own at AGENT_HOME runs the agent a containerlab export
     carries (exports/clab.py): the lab's agents/NODE becomes a link to that directory, so that its

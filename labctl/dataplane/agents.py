@@ -30,6 +30,7 @@ from labctl.plan.share import read as read_share
 from labctl.telemetry import agentreport
 
 MODULE = "labctl.dataplane.agents"      # `python -m` it: main() below
+CARRIED_START_S = 5                     # how long an exported lab's agent may take to appear after its exec line
 
 
 def start_in_nodes(plan, lab) -> dict[str, int]:
@@ -74,6 +75,34 @@ def start_in_nodes(plan, lab) -> dict[str, int]:
         procs.prioritise_all(pid)
         pids[name] = pid
     return pids
+
+
+def prioritise_carried(plan) -> None:
+    """The agents an exported lab's exec lines started in its containers run as labctl's own do:
+    in labctl's CPU group and real-time. `docker exec` leaves them in their container's group,
+    which has no real-time budget, and at nice -10 their pauses came late enough to lose frames of
+    the incast."""
+    from labctl import procs
+    from labctl.cluster.engines import Engines
+    from labctl.containers import nodes
+    carried = [n for n in plan.nodes if nodes.carries_agent(n)]
+    if not carried:
+        return
+    import time
+    engines = Engines()
+    try:
+        for node in carried:
+            ctr = engines.container(node)
+            deadline = time.monotonic() + CARRIED_START_S     # its exec line forks it, then returns
+            pid = nodes.exec_pid(ctr, MODULE)
+            while pid is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+                pid = nodes.exec_pid(ctr, MODULE)
+            if pid is not None:
+                procs.share_cpu_group(pid)
+                procs.prioritise_all(pid)
+    finally:
+        engines.close()
 
 
 def _inside_pid(lab, node) -> int | None:

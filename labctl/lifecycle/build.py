@@ -8,7 +8,7 @@ from pathlib import Path
 
 from labctl import backends, helpers, procs, state
 from labctl.kernel import ecnpath, flowhash, lb
-from labctl.dataplane import arrivals, control
+from labctl.dataplane import agents, arrivals, control
 from labctl.errors import InputError, Where
 from labctl.backends.base import own_namespaces, refuse_taken_namespaces
 from labctl.kinds import node_kind
@@ -83,6 +83,7 @@ def build(loaded: Loaded, backend: str = "netns", progress=None,
             lb.wire(plan)
             ecnpath.wire(plan, lambda n, i, c: control.settings_for(plan, n, i, c, {}))
             software.run_exec_lines(plan, lab, progress)
+            agents.prioritise_carried(plan)
             software.learn_addresses(plan, lab)
             start_controller(plan, lab)
             start_line(plan, lab)
@@ -105,7 +106,7 @@ def build(loaded: Loaded, backend: str = "netns", progress=None,
 def start_controller(plan: LabPlan, lab: state.LabDir) -> int | None:
     """The switch agents (ECN profiles, PFC), if any class needs them: one on the host for the
     whole lab, or one inside each node that needs one (dataplane/agents.py)."""
-    from labctl.dataplane import agents, controller
+    from labctl.dataplane import controller
     if not controller.needed(plan):
         return None
     if agents.mode() == "node" or any(n.machine for n in plan.nodes):
