@@ -17,7 +17,7 @@ from wire import frames, icrc_ok
 from labctl import lifecycle as labmod
 from labctl import state
 from labctl import backends
-from labctl.kernel import fastmaps, nsutil
+from labctl.kernel import fastmaps, nsutil, rtnl
 from labctl.telemetry.ledger import summary as ledger_summary
 from labctl.traffic import placement
 from labctl.traffic.run import run_workload
@@ -251,6 +251,18 @@ def _signal_all(pids: list[int], sig) -> None:
         os.kill(pid, sig)
 
 
+def _stopped(pids: list[int]) -> dict:
+    """Each process's command and state once SIGSTOP reached it ('T'), as the kernel says."""
+    deadline, out = time.monotonic() + 5, {}
+    while time.monotonic() < deadline:
+        out = {p: (Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ")[:80].decode(errors="replace"),
+                   Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0]) for p in pids}
+        if all(state == "T" for _, state in out.values()):
+            break
+        time.sleep(0.01)
+    return out
+
+
 def test_a_stall_of_the_waiting_agent_is_not_silence(lab, tmp_path):
     """A machine that stalls whole (a VM whose host is busy) stops every agent at once, and when it
     runs again nothing has arrived for longer than the quiet floor: because nothing ran, not because
@@ -265,15 +277,29 @@ def test_a_stall_of_the_waiting_agent_is_not_silence(lab, tmp_path):
     w = workload(tmp_path, "name: stall\ncollective: sendrecv\nsizes: [24MB]\n"
                            "participants: [srv2-gpu0, srv1-gpu0]\n")
     frozen = quiet_floor(plan) + 2.0
-    out = {}
+    out, seen = {}, {}
     runner = threading.Thread(target=lambda: out.update(doc=run_workload(plan, d, w, tmp_path / "run")))
     runner.start()
     try:
-        time.sleep(1.5)                           # the agents started and the message is on its way
-        sender, receiver = _agents_of(plan.node("srv2-gpu0")), _agents_of(plan.node("srv1-gpu0"))
+        gpu = plan.node("srv1-gpu0")
+
+        def received() -> int:
+            with nsutil.netlink_socket(gpu.namespace) as sock:
+                return rtnl.link_dump(sock)["leaf1"]["rx_bytes"]
+        start, deadline = received(), time.monotonic() + 60
+        while received() - start < 4_000_000:     # the message is on its way (a sixth of it arrived)
+            assert time.monotonic() < deadline and runner.is_alive(), "the message never started"
+            time.sleep(0.02)
+        sender, receiver = _agents_of(plan.node("srv2-gpu0")), _agents_of(gpu)
         _signal_all(sender, signal.SIGSTOP)
-        time.sleep(0.5)                           # what the sender's queue held has arrived
+        last, still = received(), time.monotonic()
+        while time.monotonic() - still < 0.3 and time.monotonic() < deadline:   # what was on its way has arrived
+            time.sleep(0.05)
+            now = received()
+            if now != last:
+                last, still = now, time.monotonic()
         _signal_all(receiver, signal.SIGSTOP)
+        seen = {"sender": _stopped(sender), "receiver": _stopped(receiver)}
         time.sleep(frozen)
         _signal_all(receiver, signal.SIGCONT)
         time.sleep(0.6)
@@ -285,7 +311,9 @@ def test_a_stall_of_the_waiting_agent_is_not_silence(lab, tmp_path):
     (r,) = out["doc"]["results"]
     _, quiet = time_outs(None, r["ideal_s"], quiet_floor(plan))
     assert frozen + 0.6 > quiet + RECEIVER_GRACE_S, (frozen, quiet)   # the premise: silence, as the receiver sees it
-    assert not r["timed_out"] and r["wrong"] == 0, json.dumps(r)[:2000]
+    assert all(state == "T" for who in seen.values() for _, state in who.values()), seen
+    ranks = {k: {x: v[x] for x in ("end_s", "gave_up_s", "missing")} for k, v in r["per_rank"].items()}
+    assert not r["timed_out"] and r["wrong"] == 0, (ranks, seen, frozen)
     assert r["time_s"] > frozen + 1.1, r          # the stall is in its time, not hidden
 
 

@@ -81,19 +81,29 @@ class Agent:
         # the time this process did not run since it last heard anything (its waits returned that
         # much later than asked): a machine that stalls whole (a VM whose host is busy, a frozen
         # cgroup) stops the senders with it, and after such a stall nothing has arrived because
-        # nothing ran, not because something was lost
-        stalled, heard = 0.0, self.last_arrival
+        # nothing ran, not because something was lost. Each stall is kept as (when it ended, how
+        # long); one counts for as long as it lies after the latest arrival (an arrival the receiver
+        # thread counted just before the stall is noticed only after it, and must not cancel it)
+        stalls: list[tuple[float, float]] = []
+
+        def stalled_since(t: float) -> float:
+            return sum(max(0.0, min(length, ended - t)) for ended, length in stalls)
+
+        def wait(timeout: float) -> None:
+            over = _overslept(cond, timeout)
+            if over:
+                stalls.append((time.monotonic(), over))
         while not pred():
             now = time.monotonic()
-            if self.last_arrival != heard:
-                stalled, heard = 0.0, self.last_arrival
-            end = min(deadline, max(since, self.last_arrival) + quiet + stalled)
+            heard = max(since, self.last_arrival)
+            stalls[:] = [x for x in stalls if x[0] > heard]      # ended before the latest arrival: spent
+            end = min(deadline, heard + quiet + stalled_since(heard))
             if now >= end:
                 if end < deadline and not graced:
                     # after a stall of this process, the receiver thread may hold packets it has
                     # not read yet: one more wait lets it count them before silence is declared
                     graced = True
-                    stalled += _overslept(cond, RECEIVER_GRACE_S)
+                    wait(RECEIVER_GRACE_S)
                     continue
                 return False
             if self.sender.reliable:
@@ -106,9 +116,9 @@ class Agent:
                     cond.acquire()
                 if pred():
                     break
-                stalled += _overslept(cond, min(end - now, 0.005 if pending else 0.5))
+                wait(min(end - now, 0.005 if pending else 0.5))
                 continue
-            stalled += _overslept(cond, min(end - now, 0.5))
+            wait(min(end - now, 0.5))
         return True
 
     def run(self, op: dict) -> dict:

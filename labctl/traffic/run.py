@@ -374,7 +374,7 @@ def _result(plan: LabPlan, op: Op, ideal: float, reports: dict) -> dict:
         "late_start_s": max((r.get("late_start_s", 0.0) for r in reports.values()), default=0.0),
         "real": {"time_s": t / d, "algbw_GBps": algbw * d, "busbw_GBps": algbw * factor * d, "ideal_s": ideal / d},
         "per_rank": {str(rank): {"end_s": rep["end"], "bytes_sent": sent.get(rank, 0), "sends": rep["sends"],
-                                 "recvs": rep["recvs"], "missing": rep["missing"]}
+                                 "recvs": rep["recvs"], "missing": rep["missing"], "gave_up_s": rep.get("gave_up")}
                      for rank, rep in reports.items()},
     }
 
