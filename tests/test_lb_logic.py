@@ -342,9 +342,12 @@ def test_a_run_reports_its_reordering_naks_and_resent_bytes():
                       "tx": [{"retransmitted": 50, "retransmitted_bytes": 210_000}]},
                 "1": {"rx": [{"packets": 100, "reordered": 10, "early": 0, "dropped": 0, "naks_sent": 0}], "tx": []}}
     r = reordering(counters, {"reliable": True, "ooo": "drop"})
-    assert (r["reordered_share"], r["naks"], r["retransmitted_bytes"], r["receivers"]) == (0.1, 7, 210_000, "drop")
-    assert reordering_line(r) == ("# reordering: 10.00% of 1,000 data packets arrived after a later one (100); "
-                                  "go-back-N receivers (ooo: drop): 7 NAKs, 50 packets (210,000 bytes) resent")
+    # 1,000 arrivals of which 50 were resends: the share is of the 950 first transmissions
+    assert (r["data_packets"], r["naks"], r["retransmitted_bytes"], r["receivers"]) == (950, 7, 210_000, "drop")
+    assert abs(r["reordered_share"] - 100 / 950) < 1e-12
+    assert reordering_line(r) == ("# reordering: 10.53% of 950 data packets (first transmissions) arrived after a "
+                                  "later one (100); go-back-N receivers (ooo: drop): 7 NAKs, 50 packets (210,000 "
+                                  "bytes) resent")
     assert reordering(counters, {"reliable": False})["receivers"] == "unreliable"
 
 

@@ -30,21 +30,25 @@ def reordering(counters: dict, options: dict) -> dict:
     receivers did about it (`ooo`, reliable runs), the NAKs they sent and what was resent."""
     rx = [q for c in counters.values() for q in c.get("rx", [])]
     tx = [q for c in counters.values() for q in c.get("tx", [])]
-    packets = sum(q["packets"] for q in rx)
+    resent = sum(q.get("retransmitted", 0) for q in tx)
+    # first transmissions: what arrived less the resends (a resend that was lost again is not in
+    # the arrivals, and the share then errs a little low, never high)
+    packets = max(0, sum(q["packets"] for q in rx) - resent)
     reordered = sum(q["reordered"] for q in rx)
     return {"receivers": (options.get("ooo", "drop") if options.get("reliable") else "unreliable"),
             "data_packets": packets, "reordered": reordered,
             "reordered_share": reordered / packets if packets else 0.0,
             "placed_early": sum(q.get("early", 0) for q in rx), "dropped": sum(q.get("dropped", 0) for q in rx),
             "naks": sum(q.get("naks_sent", 0) for q in rx),
-            "retransmitted_packets": sum(q.get("retransmitted", 0) for q in tx),
+            "retransmitted_packets": resent,
             "retransmitted_bytes": sum(q.get("retransmitted_bytes", 0) for q in tx)}
 
 
 def reordering_line(r: dict) -> str:
     what = {"drop": "go-back-N receivers (ooo: drop)", "tolerate": "receivers that place out of order (ooo: tolerate)",
             "unreliable": "unreliable receivers (nothing resent)"}[r["receivers"]]
-    return (f"# reordering: {r['reordered_share']:.2%} of {r['data_packets']:,} data packets arrived after a later one "
+    return (f"# reordering: {r['reordered_share']:.2%} of {r['data_packets']:,} data packets (first transmissions) "
+            "arrived after a later one "
             f"({r['reordered']:,}); {what}: {r['naks']:,} NAKs, {r['retransmitted_packets']:,} packets "
             f"({r['retransmitted_bytes']:,} bytes) resent")
 
