@@ -37,9 +37,9 @@ NODE_LABEL = "labctl.node"
 # Docker's default set, and NET_ADMIN: what FRR and a Linux host's tools need in their own netns
 NODE_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID", "SETPCAP",
                      "NET_BIND_SERVICE", "NET_RAW", "SYS_CHROOT", "MKNOD", "AUDIT_WRITE", "SETFCAP", "NET_ADMIN")
-# Docker's read-only /proc paths, with /proc/sys narrowed to what is not the node's own netns
 ENV = "/usr/bin/env"                 # never the first `env` on PATH: labctl runs as root
 SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+# Docker's read-only /proc paths, with /proc/sys narrowed to what is not the node's own netns
 READONLY_PATHS = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sysrq-trigger", "/proc/sys/kernel", "/proc/sys/vm",
                   "/proc/sys/fs", "/proc/sys/dev", "/proc/sys/user", "/proc/sys/debug", "/proc/sys/abi",
                   "/proc/sys/crypto"]
