@@ -235,6 +235,15 @@ def cli_(lab, commands):
     """A prompt over a running lab, with Mininet's habits (node COMMAND, pingall, net, dump, ...).
 
     \b
+    Its commands (`help` at the prompt says each):
+      NODE COMMAND [&]     a command inside the node, other nodes' names as their addresses;
+                           no shell (a pipe: NODE sh -c '...'); & runs it in the background
+      pingall | nodes | links | net | dump
+      route SRC DST [SPORT] | link NODE:PORT down|up
+      tc show|set ... | counters [--busy] | run WORKLOAD | exit (Ctrl-D)
+    Ctrl-C stops a node's command, not the prompt.
+
+    \b
     Example:
       sudo labctl cli ls
       labctl> srv1-gpu0 ping -c1 srv2-gpu1
