@@ -98,24 +98,32 @@ class Prompt(cmd.Cmd):
         self.say(f"udp sport {sport}: " + " -> ".join(h["node"] + (f" ({h['out']})" if h["out"] else "") for h in hops))
 
     def do_link(self, arg):
-        """link NODE:PORT down|up: cut or restore a link; routes reconverge"""
+        """link NODE:PORT down|up, or Mininet's link NODE1 NODE2 down|up: cut or restore a link;
+        routes reconverge"""
         from labctl.lifecycle import targets
         words = arg.split()
+        if len(words) == 3 and words[2] in ("down", "up") and ":" not in words[0]:
+            ports = [i.name for i in self.plan.node(words[0]).interfaces if i.peer_node == words[1]] \
+                if words[0] in self.names else []
+            if len(ports) != 1:
+                raise LabError(f"{words[0]} and {words[1]} share {len(ports)} links",
+                               "name the port: link NODE:PORT down|up (`net` lists them)")
+            words = [f"{words[0]}:{ports[0]}", words[2]]
         if len(words) != 2 or words[1] not in ("down", "up"):
-            raise LabError("link NODE:PORT down|up")
+            raise LabError("link NODE:PORT down|up, or link NODE1 NODE2 down|up")
         node, iface = targets.port(self.plan, words[0])
         changed = self.lifecycle.set_link_state(self.lab, self.plan, node, iface.name, words[1] == "up")
         self.say(f"link {words[0]} is {words[1]}; {changed} routes changed")
 
     def _labctl(self, argv: list[str]) -> None:
         """A labctl command on this lab, as its own process (its output is the command's)."""
-        width = str(shutil.get_terminal_size().columns)      # its tables as wide as this terminal
+        # its tables as wide as the terminal where there is one; piped, the child decides (a fixed
+        # 80 squeezed `tc show` to n… p… c…)
+        width = str(shutil.get_terminal_size().columns)
+        env = {**os.environ, "COLUMNS": width} if self.stdout.isatty() else dict(os.environ)
         # -P and cwd=/: labctl is imported from its install, never from a labctl/ folder of the
         # directory the user stands in (this runs as root); the command then runs where the user
         # stands, so a relative path in it means what it means at the prompt
-        # as wide as the terminal where there is one; piped, the child decides (a fixed 80 squeezed
-        # `tc show` to n… p… c…)
-        env = {**os.environ, "COLUMNS": width} if self.stdout.isatty() else dict(os.environ)
         r = subprocess.run([sys.executable, "-P", "-c", CHILD, os.getcwd(), *argv], capture_output=True, text=True,
                            env=env, cwd="/")
         self.stdout.write(r.stdout + r.stderr)
@@ -239,7 +247,7 @@ def cli_(lab, commands):
       NODE COMMAND [&]     a command inside the node, other nodes' names as their addresses;
                            no shell (a pipe: NODE sh -c '...'); & runs it in the background
       pingall | nodes | links | net | dump
-      route SRC DST [SPORT] | link NODE:PORT down|up
+      route SRC DST [SPORT] | link NODE:PORT down|up (or link NODE1 NODE2 down|up)
       tc show|set ... | counters [--busy] | run WORKLOAD | exit (Ctrl-D)
     Ctrl-C stops a node's command, not the prompt.
 
@@ -250,8 +258,13 @@ def cli_(lab, commands):
       labctl> pingall
       sudo labctl cli ls -c 'pingall; route srv1-gpu0 srv2-gpu1 49158'
     """
+    import signal
     from labctl import lifecycle
     lifecycle.require_root("labctl cli")
+    # Ctrl-C stops a node's command and keeps the prompt: a process started with SIGINT ignored
+    # (a shell's background job, a test runner's worker) would keep ignoring it, and so would the
+    # commands it starts
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     prompt = Prompt(lifecycle.default_lab(lab, positional=True))
     if commands:
         try:
