@@ -259,7 +259,14 @@ def cli_(lab, commands):
       sudo labctl cli ls -c 'pingall; route srv1-gpu0 srv2-gpu1 49158'
     """
     import signal
-    from labctl import lifecycle
+    # Ctrl-C must reach the main thread, waiting in readline: numpy's OpenBLAS starts a thread when
+    # lifecycle is imported, and a SIGINT the kernel gave that thread never woke readline (ci73-75:
+    # the prompt sat for 30 s). The thread inherits the mask it is started with.
+    unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        from labctl import lifecycle
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
     lifecycle.require_root("labctl cli")
     # Ctrl-C stops a node's command and keeps the prompt: a process started with SIGINT ignored
     # (a shell's background job, a test runner's worker) would keep ignoring it, and so would the
