@@ -121,8 +121,8 @@ def plan(file, sets, name, template_dirs, topo, trust, as_json, kind_map, image_
         for col in ("node", "runs", "what it is given"):
             at.add_column(col)
         for name, where in agents.items():
-            given = (f"labctl's package read-only at {AGENT_CODE}, its own agents/{name}/ at {AGENT_HOME}"
-                     if where == "container" else "its share, from the host, in the node's namespace")
+            given = (f"labctl's package read-only at {AGENT_CODE}, its own agents/{name}/ at {AGENT_HOME}; "
+                     "run real-time, in labctl's CPU group" if where == "container" else "its share, from the host, in the node's namespace")
             at.add_row(name, "inside its container" if where == "container" else "from the host", given)
         out.print(at)
         from labctl.plan.share import memory_refusal
