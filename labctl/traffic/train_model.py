@@ -86,11 +86,22 @@ def transformer(preset: str | None = None, **given) -> Transformer:
     if fields.get("experts", 1) > 1:
         fields.setdefault("top_k", 2)
     m = Transformer(**fields)
-    if m.hidden % m.heads or m.heads % m.kv_heads:
-        raise ValueError(f"hidden {m.hidden} must be a multiple of heads {m.heads}, and heads of kv_heads "
-                         f"{m.kv_heads}")
+    # located at the key the user gave (heads, kv_heads, top_k) when they gave it, else at model:
+    if m.hidden % m.heads:
+        key = "heads" if given.get("heads") is not None else "hidden" if given.get("hidden") is not None else "model"
+        raise ShapeError(f"hidden {m.hidden} must be a multiple of heads {m.heads}", key,
+                         f"set heads to one of {divisors(m.hidden)} (hidden / heads is a head's width, "
+                         "128 in most published models)")
+    if m.heads % m.kv_heads:
+        key = "kv_heads" if given.get("kv_heads") is not None else "heads" if given.get("heads") is not None \
+            else "model"
+        raise ShapeError(f"heads {m.heads} must be a multiple of kv_heads {m.kv_heads} (grouped-query attention "
+                         "shares each kv head among whole groups of query heads)", key,
+                         f"set kv_heads to one of {divisors(m.heads)}")
     if m.top_k > m.experts:
-        raise ValueError(f"top_k {m.top_k} is more than the {m.experts} experts")
+        key = "top_k" if given.get("top_k") is not None else "experts"
+        raise ShapeError(f"top_k {m.top_k} is more than the {m.experts} experts", key,
+                         f"set top_k to at most {m.experts}")
     return m
 
 

@@ -135,6 +135,8 @@ def check(spec: TrainSpec, where) -> None:
     """Every rule that needs no lab; `where(key path)` locates an error."""
     try:
         m = spec.transformer()
+    except tm.ShapeError as exc:
+        raise InputError(where(_key(exc.key)), str(exc), exc.fix) from None
     except ValueError as exc:
         raise InputError(where(("train", "model")), str(exc), "use a preset or give layers and hidden") from None
     if sorted(spec.placement) != ["dp", "pp", "tp"]:
