@@ -387,3 +387,27 @@ def test_lb_on_a_lab_without_lb_or_a_tier_without_routers_is_an_error_with_the_f
     assert {n.name for n in routers_for(plan, "spine")} == {"spine1", "spine2"}
     with pytest.raises(LabError):                # every setting is checked before any is made
         checked(plan, "spine", "bogus")
+
+
+def _with_lb(tmp_path, lb: str):
+    """The bundled leaf-spine, rendered, with `routing.lb` as given."""
+    from labctl.plan.compile import compile_plan
+    from labctl.topology.load import load_topology
+    root = Path(__file__).resolve().parents[1]
+    rendered = (root / "tests" / "golden" / "leaf-spine-2x2.rendered.yml").read_text()
+    line = next(x for x in rendered.splitlines() if x.startswith("routing:"))
+    f = tmp_path / "lab.yml"
+    f.write_text(rendered.replace(line, "routing: {hash_policy: 1, hash_seed: 1, lb: %s}" % lb))
+    return compile_plan(load_topology(f, [])), f
+
+
+def test_a_tier_with_no_choice_to_make_gets_a_located_note(tmp_path):
+    """A spine has one next hop towards every GPU: `lb: {spine: adaptive}` was accepted silently."""
+    plan, f = _with_lb(tmp_path, "{leaf: spray, spine: adaptive}")
+    spine_notes = [n for n in plan.notes if "routing.lb.spine" in n]
+    assert len(spine_notes) == 1, plan.notes
+    assert spine_notes[0].startswith(f"{f}:") and "spine1, spine2" in spine_notes[0]
+    assert "one next hop towards every end host" in spine_notes[0]
+    assert not [n for n in plan.notes if "routing.lb.leaf" in n]   # the leaves choose among uplinks
+    plan, _ = _with_lb(tmp_path, "{leaf: spray}")
+    assert not [n for n in plan.notes if "next hop" in n]

@@ -261,7 +261,7 @@ def routes(b: Build) -> None:
 
 def balancing(b: Build) -> None:
     """Each router's load-balancing mode (plan/lb.py), once its routes say what its uplinks are."""
-    lb.assign(b.nodes, b.topo, b.topo.dilation, b.smap)
+    b.notes += lb.assign(b.nodes, b.topo, b.topo.dilation, b.smap)
 
 
 def steering(b: Build) -> None:

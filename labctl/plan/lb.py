@@ -11,6 +11,9 @@ keeps the kernel's ECMP hash (or labctl's plain one before Linux 6.11: kernel/fl
 """
 from __future__ import annotations
 
+import bisect
+import ipaddress
+
 from labctl.errors import InputError
 from labctl.plan.flowhash import FlowHash
 from labctl.units import parse_duration_ns
@@ -60,11 +63,14 @@ def mode_for(node, topo, by_name: dict) -> tuple[str, tuple]:
     return DEFAULT, ("routing", "lb")
 
 
-def assign(nodes: dict, topo, dilation: float, smap) -> None:
+def assign(nodes: dict, topo, dilation: float, smap) -> list[str]:
     """Give every router its FlowHash with a mode (a lab that names lb:), and the kernel's policy 1,
-    under which it places a forwarded packet by the hash the program set."""
+    under which it places a forwarded packet by the hash the program set. Returns located notes for
+    a mode written for a tier or a node that has no choice to make."""
     if not wanted(topo.routing.lb, topo.nodes):
-        return
+        return []
+    idle: dict[tuple, tuple] = {}     # key -> (mode as written, its routers if none has a choice, else None)
+    hosts = None
     for name, spec in topo.nodes.items():
         node = nodes[name]
         if getattr(spec, "lb", None) and not (node.forwarding and not node.bridged):
@@ -80,6 +86,11 @@ def assign(nodes: dict, topo, dilation: float, smap) -> None:
             raise InputError(smap.where(key), "ecmp-qp hashes the 5-tuple and the QP, but routing.hash_policy "
                              "is 0 (addresses only)", "set routing.hash_policy: 1, or use ecmp")
         members, weights = group(node)
+        if mode != DEFAULT and key != ("routing", "lb") and node.static_routes:
+            names = idle.setdefault(key, (text, []))[1]
+            if names is not None:
+                fans = fans_out_to_hosts(node, hosts if hosts is not None else (hosts := host_addresses(nodes)))
+                idle[key] = (text, None if fans else names + [node.name])
         if mode == "adaptive" and not node.static_routes:
             raise InputError(smap.where(key), f"{node.name} routes for itself (routes: none): labctl does not "
                              "know its next hops to compare their queues", "use ecmp, ecmp-qp, flowlet or spray there")
@@ -92,6 +103,27 @@ def assign(nodes: dict, topo, dilation: float, smap) -> None:
         node.sysctls = {k: v for k, v in node.sysctls.items()
                         if k not in ("net.ipv4.fib_multipath_hash_fields", "net.ipv4.fib_multipath_hash_seed")}
         node.sysctls["net.ipv4.fib_multipath_hash_policy"] = "1"
+    return [f"{smap.where(key)}: lb: {text} on {', '.join(names)}: {'it has' if len(names) == 1 else 'they have'} "
+            "one next hop towards every end host, so there is nothing to choose; load balancing acts where "
+            "routes fan out (a leaf-spine's leaves, over their uplinks)"
+            for key, (text, names) in idle.items() if names]
+
+
+def host_addresses(nodes: dict) -> list[int]:
+    """The end hosts' addresses (GPUs, servers), sorted: the traffic a router balances goes to them."""
+    return sorted(int(ipaddress.ip_interface(i.address).ip) for n in nodes.values() if not n.switching
+                  for i in n.interfaces if i.address)
+
+
+def fans_out_to_hosts(node, hosts: list[int]) -> bool:
+    """Whether some route of `node` towards an end host has more than one next hop."""
+    for r in node.routes:
+        if len(r.nexthops) > 1:
+            net = ipaddress.ip_network(r.dst, strict=False)
+            at = bisect.bisect_left(hosts, int(net.network_address))
+            if at < len(hosts) and hosts[at] <= int(net.broadcast_address):
+                return True
+    return False
 
 
 def describe(fh: FlowHash | None, dilation: float) -> str:
