@@ -145,3 +145,22 @@ def test_run_help_names_train_workloads():
     out = CliRunner().invoke(cli, ["run", "--help"]).output
     assert "train:" in out and "docs/parallelism.md" in out
     assert "labctl run workloads/train-llama7b.yml" in out
+
+
+def test_a_train_step_prints_as_a_step_not_as_an_nccl_tests_row():
+    """A train: step printed as a collective row: 'float sum', algbw and busbw of a whole schedule."""
+    from labctl.traffic import report
+    step = {"label": "train step 0", "collective": "train_step", "size": 123456, "n": 8, "time_s": 1.2,
+            "algbw_GBps": 0.1, "busbw_GBps": 0.1, "ideal_s": 1.0, "wrong": 0,
+            "real": {"time_s": 0.0003, "algbw_GBps": 400.0, "busbw_GBps": 400.0}}
+    train = {"degrees": {"tp": 2, "pp": 2, "dp": 2, "ep": 1}, "placement": ["tp", "pp", "dp"],
+             "wan_hidden_fraction": None, "step_time_s": 1.2, "scale": 0.001, "ideal_s": 1.0,
+             "compute_path_s": 0.5, "bubble_fraction": 0.2, "duty_cycle": 0.6, "dim_bytes": {"tp": 10},
+             "fabric_bytes_expected": {"scaleup": 10}}
+    doc = {"workload": "train", "lab": "ls", "ranks": list(range(8)), "dilation": 4000.0, "train": train,
+           "results": [step, dict(step, label="train step 1", time_s=1.4)]}
+    text = report.table(doc)
+    assert "float" not in text and "busbw" not in text, text
+    assert "# 2 train steps measured: 1.300 s lab on average (1.200-1.400), bound 1.000 s, ratio 1.30, " \
+           "0 wrong" in text
+    assert "# train step tp=2 pp=2 dp=2 ep=1" in text

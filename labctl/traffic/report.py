@@ -54,13 +54,14 @@ def reordering_line(r: dict) -> str:
 
 
 def table(doc: dict) -> str:
-    rows = summarize(doc["results"])
+    # a train: step is a schedule of many collectives, not one of nccl-tests' rows: it gets lines of its own
+    rows = [r for r in summarize(doc["results"]) if r["collective"] != "train_step"]
     d = doc["dilation"]
     lines = [f"# labctl run {doc['workload']} on lab {doc['lab']}: {len(doc['ranks'])} ranks, dilation {d:g}"]
-    if not rows:
+    if not rows and "train" not in doc:
         from labctl.traffic.fabricmap import table as fabric_table
         return "\n".join(lines + flow_lines(doc.get("flows", [])) + fabric_table(doc))
-    lines += ["#  lab time (what the namespaces measured)                                      "
+    lines += [] if not rows else ["#  lab time (what the namespaces measured)                                      "
               "| real-fabric equivalent (lab time / dilation)",
               f"# {'size':>11} {'count':>11} {'type':>6} {'redop':>6} {'root':>5} {'time':>11} {'algbw':>7} "
               f"{'busbw':>7} {'#wrong':>6} {'ideal':>11} {'ratio':>6} | {'time':>9} {'algbw':>8} {'busbw':>8}",
@@ -84,7 +85,8 @@ def table(doc: dict) -> str:
                      f"{f.get('expected_formula', '3(n-1)/n x model')} = "
                      f"{f.get('expected_bytes_per_rank', f['expected_full_shard_bytes_per_rank']):.0f}")
     if "train" in doc:
-        lines += train_lines(doc["train"], d)
+        lines += steps_line([r for r in doc["results"] if r["collective"] == "train_step"]) + \
+            train_lines(doc["train"], d)
     lost = [(r, q) for r, c in doc.get("counters", {}).items() for q in c.get("rx", []) if q["gaps"] or q["late"]]
     total_gaps = sum(q["gaps"] for _, q in lost)
     ce = sum(q["ce"] for c in doc.get("counters", {}).values() for q in c.get("rx", []))
@@ -121,6 +123,17 @@ def table(doc: dict) -> str:
                      f"{slow['bound_s']:.2f} s): where the rest went")
         lines += [f"#  - {c}" for c in slow["causes"]]
     return "\n".join(lines)
+
+
+def steps_line(steps: list[dict]) -> list[str]:
+    """The measured steps (warm-up left out), as nccl-tests averages its iterations."""
+    if not steps:
+        return []
+    t = mean(r["time_s"] for r in steps)
+    ideal = steps[0]["ideal_s"]
+    return [f"# {len(steps)} train step{'s' if len(steps) > 1 else ''} measured: {t:.3f} s lab on average "
+            f"({min(r['time_s'] for r in steps):.3f}-{max(r['time_s'] for r in steps):.3f}), bound {ideal:.3f} s, ratio "
+            f"{t / ideal if ideal else 0:.2f}, {sum(r['wrong'] for r in steps)} wrong"]
 
 
 def train_lines(t: dict, dilation: float) -> list[str]:
