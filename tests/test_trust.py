@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from labctl.cli import cli
 from labctl.errors import InputError, LabError
+from labctl.experiment.spec import load_experiment
 from labctl.plan.compile import compile_plan
 from labctl.plan import trust
 from labctl.topology.load import load_topology
@@ -253,14 +254,21 @@ def test_an_experiment_whose_set_changes_a_trusted_lab_is_judged_as_the_lab(tmp_
     assert trust.untrusted(loaded) == [] and trust.require(loaded, trusted_by_flag=False)
     exp = tmp_path / "exp" / "e.yml"
     exp.parent.mkdir(mode=0o755)
-    exp.write_text("topology: ../lab.yml\n")
+    exp.write_text("name: e\ntopology: ../lab.yml\nset: [x=1]\nsteps:\n  - wait: 1ms\n")
     exp.chmod(0o666)
-    loaded.set_by = (exp,)
+    read_as: dict = {}
+    load_experiment(exp, read_as)
+    loaded.set_by = (read_as,)
+    assert read_as["path"] == str(exp.resolve())
     assert any("writable by others" in r for r in trust.untrusted(loaded))
     with pytest.raises(InputError) as err:
         trust.require(loaded, trusted_by_flag=False)
     assert "nodes.a.exec[0]" in str(err.value)
     exp.chmod(0o644)
+    # judged by what was read: the file read was writable by others, whatever its name says now
+    assert any("writable by others" in r for r in trust.untrusted(loaded))
+    read_as.clear()
+    load_experiment(exp, read_as)
     assert trust.untrusted(loaded) == []
 
 

@@ -37,12 +37,14 @@ def lab_name(exp: Experiment) -> str:
     return (os.environ.get("LABCTL_EXPERIMENT_PREFIX", "x-") + exp.name)[:24].rstrip("-")
 
 
-def prepare(path: Path, out: Path, sets: list[str] = ()) -> tuple[Experiment, str, dict[int, LoadedWorkload]]:
+def prepare(path: Path, out: Path, sets: list[str] = (), opened: dict | None = None) \
+        -> tuple[Experiment, str, dict[int, LoadedWorkload]]:
     """Load and check everything the experiment will use, before anything is built. `sets` (from
-    `labctl run --set`) come after the experiment's own set:, and before its sweep value."""
+    `labctl run --set`) come after the experiment's own set:, and before its sweep value. `opened`
+    gets the experiment file that was read (its real path and fstat), which the trust model judges."""
     from labctl.plan.compile import compile_plan
     from labctl.topology.load import load_topology
-    exp, text, smap = load_experiment(path)
+    exp, text, smap = load_experiment(path, opened)
     workloads = {}
     out.mkdir(parents=True, exist_ok=True)
     for k, step in enumerate(exp.steps):
@@ -93,7 +95,8 @@ def _wan_bytes(lab, fresh_within: float = 1.0) -> float:
 def run_experiment(path: Path, out: Path, say=lambda msg: print(msg, file=sys.stderr, flush=True),
                    sets: list[str] = ()) -> dict:
     path = Path(path)
-    exp, text, workloads = prepare(path, out, sets)
+    read_as: dict = {}
+    exp, text, workloads = prepare(path, out, sets, read_as)
     (out / "experiment.yml").write_text(text)
     metrics: dict[str, dict] = {}
     runs: dict[str, Path] = {}
@@ -103,7 +106,7 @@ def run_experiment(path: Path, out: Path, say=lambda msg: print(msg, file=sys.st
         suffix = f"@{value}" if value is not None else ""
         lab_sets = _sets(exp, value, sets)
         say(f"[{exp.name}] up {exp.topology}{' with ' + ' '.join(lab_sets) if lab_sets else ''}")
-        plan, lab, _ = labmod.up(str(path.parent / exp.topology), lab_sets, name, set_by=(path,))
+        plan, lab, _ = labmod.up(str(path.parent / exp.topology), lab_sets, name, set_by=(read_as,))
         caps = []
         try:
             for c in exp.captures:

@@ -203,8 +203,10 @@ class Experiment(Strict):
                                                                 "opens the report (summary.png)")
 
 
-def load_experiment(path: Path) -> tuple[Experiment, str, object]:
-    text, data, smap = load_yaml_file(path, "experiment", "name:, topology:, steps:", "experiments/incast-pfc.yml")
+def load_experiment(path: Path, opened: dict | None = None) -> tuple[Experiment, str, object]:
+    """`opened` gets the file that was read (yamlpos.read_input): its `set:` is judged by it."""
+    text, data, smap = load_yaml_file(path, "experiment", "name:, topology:, steps:", "experiments/incast-pfc.yml",
+                                      opened)
     try:
         exp = Experiment.model_validate(data)
     except ValidationError as exc:

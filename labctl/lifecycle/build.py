@@ -25,12 +25,13 @@ from labctl.topology.load import Loaded
 def up(file: str | None, sets=(), name: str | None = None, template_dirs=(), backend: str = "netns",
        progress=None, topo: str | None = None, maps=None, build_images: bool = True, trust: bool = False,
        hosts: list[str] | None = None, spread: str = "server",
-       set_by: tuple[Path, ...] = ()) -> tuple[LabPlan, state.LabDir, float]:
+       set_by: tuple[dict, ...] = ()) -> tuple[LabPlan, state.LabDir, float]:
     """Build a lab file (or, with `topo`, a Mininet topology: see topology/sources.py); `maps`
     (topology.clabmaps.ImportMaps) maps a containerlab file's kinds and images; `trust` vouches for
     a lab whose powerful lines (plan/trust.py) come from files root does not own; `hosts` places
-    its nodes over those machines by the `spread` rule (topology/placement.py); `set_by` names the
-    files `sets` came from (an experiment's), which the trust model judges as the lab's own."""
+    its nodes over those machines by the `spread` rule (topology/placement.py); `set_by` holds the
+    files `sets` came from (an experiment's) as they were read (yamlpos.read_input's real path and
+    fstat), which the trust model judges as the lab's own."""
     loaded = sources.load(file, sets, template_dirs, name, topo, maps, trust)
     loaded.set_by = tuple(set_by)
     if hosts:

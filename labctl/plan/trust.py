@@ -85,10 +85,11 @@ def untrusted(loaded) -> list[str]:
     someone other than root owns or may write."""
     # an experiment's `set:` can write any key of the lab (an exec line, an image): its file is
     # the lab's as much as the lab file is
-    paths = [Path(loaded.file), *loaded.set_by]
-    # the file that was read, by what was read (its owner and mode then, every directory above it
-    # now): a name checked later could be another file (a link flipped between the two)
-    read = paths_module.untrusted_tree(Path(loaded.read_as["path"]), loaded.read_as["stat"]) if loaded.read_as else []
+    paths = [Path(loaded.file)]
+    # each file by what was read (its owner and mode then, every directory above it now): a name
+    # checked later could be another file (a link flipped between the two)
+    read = [why for read_as in filter(None, (loaded.read_as, *loaded.set_by))
+            for why in paths_module.untrusted_tree(Path(read_as["path"]), read_as["stat"])]
     if loaded.template_root is not None:
         root = Path(loaded.template_root)
         paths.append(root)

@@ -29,7 +29,7 @@ class Loaded:
     file: Path
     template: str | None = None
     template_root: Path | None = None   # the tree the lab's template came from (node file templates live there)
-    set_by: tuple[Path, ...] = ()       # files whose `set:` changed it (an experiment): trusted as the lab itself
+    set_by: tuple[dict, ...] = ()       # files whose `set:` changed it (an experiment), as read_as: trusted as the lab itself
     read_as: dict | None = None         # the lab file that was read: its real path and fstat (yamlpos.read_input)
 
 
