@@ -26,40 +26,92 @@ def is_dir(path) -> bool:
         return False
 
 
-def new_run_dir(path: Path, option: str = "--out") -> Path:
+def new_run_dir(path: Path, option: str = "--out", what: str = "run") -> Path:
     """Create a run directory that is new (or empty): results are never mixed with, or written over,
     what another run or another user left there. An existing one must be a plain directory of the
     user labctl runs as, that no one else may write: root writes every file of a run into it, and
-    whoever owns it could swap one of them for a symlink to a file of root's."""
+    whoever owns it could swap one of them for a symlink to a file of root's. Every directory above
+    it must be one that no one else can change either: whoever may rename one of them can put a
+    link in the run directory's place while root writes into it (`what` names the directory in
+    messages: a run, an export)."""
     path = Path(path)
     link = foreign_link(path)
     if link is not None:
         raise LabError(f"{option} {path}: {link} is a symlink of uid {os.lstat(link).st_uid}'s, which labctl (uid "
-                       f"{os.geteuid()}) does not follow to make a run: it could point anywhere root may write",
+                       f"{os.geteuid()}) does not follow to make a {what}: it could point anywhere root may write",
                        "give a directory whose path has no one else's symlink in it")
     try:
         st = os.lstat(path)
     except FileNotFoundError:
         st = None
     except (OSError, ValueError) as exc:
-        raise LabError(f"{option} {path}: {getattr(exc, 'strerror', None) or exc}", "give a new directory for the run") from None
-    if st is not None:
+        raise LabError(f"{option} {path}: {getattr(exc, 'strerror', None) or exc}",
+                       f"give a new directory for the {what}") from None
+    if st is None:
+        _refuse_changeable(path.parent, path, option, what)
+        path.parent.mkdir(parents=True, exist_ok=True)
+    else:
         if not stat.S_ISDIR(st.st_mode):
-            raise LabError(f"{option} {path} is not a directory", "give a new directory for the run")
+            raise LabError(f"{option} {path} is not a directory", f"give a new directory for the {what}")
         if st.st_uid != os.geteuid() or st.st_mode & 0o022:
             raise LabError(f"{option} {path} belongs to uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o}: "
-                           f"labctl (uid {os.geteuid()}) writes a run only into a directory of its own that no one "
-                           "else can write", "give a new directory for the run (labctl makes it)")
+                           f"labctl (uid {os.geteuid()}) writes a {what} only into a directory of its own that no "
+                           f"one else can write", f"give a new directory for the {what} (labctl makes it)")
         if any(path.iterdir()):
-            raise LabError(f"{option} {path} is not empty: a run directory is made new, so that its files are "
-                           "this run's alone", "choose a new directory, or leave --out out for runs/<time>-<name>")
+            raise LabError(f"{option} {path} is not empty: a {what} directory is made new, so that its files are "
+                           f"this {what}'s alone", "choose a new directory" + (
+                               ", or leave --out out for runs/<time>-<name>" if what == "run" else
+                               f", or remove {path} first"))
+        _refuse_changeable(path.parent, path, option, what)
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
     try:
         path.mkdir(mode=0o755)
     except FileExistsError:
-        raise LabError(f"{option} {path} appeared while labctl made it", "give a new directory for the run") from None
+        raise LabError(f"{option} {path} appeared while labctl made it", f"give a new directory for the {what}") \
+            from None
     return path
+
+
+def trusted_owners() -> set[int]:
+    """Who may own the directories labctl writes root's files under: root, the user labctl runs as,
+    and the user who ran it through sudo (an admin's own home or clone)."""
+    owners = {0, os.geteuid()}
+    sudo = os.environ.get("SUDO_UID", "")
+    if sudo.isdigit():
+        owners.add(int(sudo))
+    return owners
+
+
+def changeable_above(path: Path) -> str | None:
+    """Why someone labctl does not trust (trusted_owners) could rename a directory on the way to
+    `path`, and so put a link in its place: the first existing directory at or above `path` (by its
+    real path) owned by another uid, or writable by others without the sticky bit. None if no one can."""
+    owners = trusted_owners()
+    try:
+        real = Path(os.path.realpath(path))
+    except (OSError, ValueError):
+        return None
+    for d in [real, *real.parents]:
+        try:
+            st = os.stat(d)
+        except OSError:
+            continue                 # not made yet: labctl makes it, as root
+        if not stat.S_ISDIR(st.st_mode):
+            continue
+        if st.st_uid not in owners:
+            return f"{d} belongs to uid {st.st_uid}"
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+            return f"{d} is writable by {'others' if st.st_mode & stat.S_IWOTH else 'its group'}"
+    return None
+
+
+def _refuse_changeable(where: Path, path: Path, option: str, what: str) -> None:
+    why = changeable_above(where)
+    if why:
+        raise LabError(f"{option} {path}: {why}, who could move it and put a link in its place while labctl "
+                       f"(uid {os.geteuid()}) writes the {what}'s files: they would land wherever the link points",
+                       "give a directory under one that only root (or you) can write, e.g. /var/tmp/labctl/NAME "
+                       "or your own home")
 
 
 def foreign_link(path: Path) -> Path | None:

@@ -218,6 +218,55 @@ def test_a_run_directory_of_another_user_or_writable_by_others_is_refused(tmp_pa
 
 
 @pytest.mark.netns
+def test_a_run_or_export_directory_under_one_another_user_can_rename_is_refused(tmp_path, monkeypatch):
+    """Red team: root made --out inside a directory of another user's, who renamed it away during
+    the run and put a link in its place; root then wrote the experiment's own text where the link
+    pointed (an authorized_keys file). `labctl export --out` wrote, and removed, through links."""
+    require_root()
+    from labctl.exports import clab
+    from labctl.paths import new_run_dir
+    from labctl.plan.compile import compile_plan
+    from labctl.topology.load import load_topology
+    monkeypatch.delenv("SUDO_UID", raising=False)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, NOBODY, NOBODY)
+    with pytest.raises(LabError, match="theirs belongs to uid 65534, who could move it") as err:
+        new_run_dir(theirs / "runs" / "r1")
+    assert "/var/tmp" in err.value.fix and not (theirs / "runs").exists()
+    deep = theirs / "a"
+    deep.mkdir(mode=0o755)                    # root's own directory, inside theirs: still renamable
+    with pytest.raises(LabError, match="theirs belongs to uid 65534"):
+        new_run_dir(deep / "r1")
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    os.chmod(open_dir, 0o777)
+    with pytest.raises(LabError, match="open is writable by others"):
+        new_run_dir(open_dir / "r1")
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    os.chmod(sticky, 0o1777)                  # as /tmp: no one renames root's entries in it
+    assert new_run_dir(sticky / "r1").is_dir()
+    monkeypatch.setenv("SUDO_UID", str(NOBODY))   # the admin who ran sudo: their own directory is theirs to use
+    assert new_run_dir(theirs / "r2").is_dir()
+    monkeypatch.delenv("SUDO_UID")
+    # export: the directory is made new; a link in it is never written through or removed
+    plan = compile_plan(load_topology(ROOT / "topologies" / "leaf-spine.yml", ["scale_up=false"]))
+    victim = tmp_path / "victim"
+    (victim / "labctl").mkdir(parents=True)
+    (victim / "labctl" / "precious").write_text("keep")
+    out = tmp_path / "export"
+    out.mkdir(mode=0o755)
+    (out / "labctl-agent").symlink_to(victim)
+    with pytest.raises(LabError, match="is not empty"):
+        clab.export_dir(plan, out)
+    assert (victim / "labctl" / "precious").read_text() == "keep"
+    with pytest.raises(LabError, match="theirs belongs to uid 65534"):
+        clab.export_dir(plan, theirs / "export")
+    assert clab.export_dir(plan, tmp_path / "new-export")[0].is_file()
+
+
+@pytest.mark.netns
 def test_a_capture_file_is_never_written_through_a_symlink_or_over_another_user_s_file(tmp_path):
     """root's dumpcap, given a name, followed a link planted in the user's directory."""
     require_root()
@@ -236,6 +285,20 @@ def test_a_capture_file_is_never_written_through_a_symlink_or_over_another_user_
     fd = open_output(tmp_path / "new.pcapng")
     os.close(fd)
     assert (tmp_path / "new.pcapng").stat().st_uid == os.geteuid()
+    # a directory on the way that is another user's link, or that they may rename (red team: a
+    # link to /root made root's capture a new file there)
+    victim = tmp_path / "victim"
+    victim.mkdir(mode=0o700)
+    (tmp_path / "caps").symlink_to(victim)
+    os.lchown(tmp_path / "caps", NOBODY, NOBODY)
+    with pytest.raises(LabError, match="symlink of uid 65534"):
+        open_output(tmp_path / "caps" / "c.pcapng")
+    theirs = tmp_path / "their-dir"
+    theirs.mkdir()
+    os.chown(theirs, NOBODY, NOBODY)
+    with pytest.raises(LabError, match="belongs to uid 65534"):
+        open_output(theirs / "c.pcapng")
+    assert list(victim.iterdir()) == [] and list(theirs.iterdir()) == []
 
 
 # -- the prompt's history file (finding: followed through a symlink, overwritten and chmodded) -----

@@ -25,6 +25,7 @@ import labctl
 
 from labctl.errors import LabError
 from labctl.exports import notes
+from labctl.paths import new_run_dir
 from labctl.plan import share
 from labctl.plan.share import AGENT_CODE, AGENT_HOME
 from labctl.plan.model import Interface, LabPlan, Node
@@ -86,8 +87,10 @@ def export_dir(plan: LabPlan, out: Path, strict: bool = False) -> list[Path]:
     """The lab as a directory containerlab deploys, fabric included: LAB.clab.yml, each served
     node's share (agents/NODE/share.json, reading its depths rather than counting arrivals, which
     needs BPF that containers get only with SYS_ADMIN), and labctl's own package (labctl-agent/),
-    which those nodes bind read-only and run their agent from. Returns the files written."""
-    out.mkdir(parents=True, exist_ok=True)
+    which those nodes bind read-only and run their agent from. Returns the files written. `out` is
+    made new, as a run directory is (paths.new_run_dir): root writes the files into a directory no
+    one else can change, and never removes anything there."""
+    new_run_dir(out, "--out", "export")
     topology = out / f"{plan.lab}.clab.yml"
     topology.write_text(export(plan, strict, agents=True))
     written = [topology]
@@ -96,8 +99,6 @@ def export_dir(plan: LabPlan, out: Path, strict: bool = False) -> list[Path]:
         written.append(share.write(own, out / AGENTS / own.node.name))
     code = Path(labctl.__file__).resolve().parent
     target = out / CODE / "labctl"
-    if target.exists():
-        shutil.rmtree(target)
     shutil.copytree(code, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     written.append(target)
     return written

@@ -16,7 +16,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from labctl import procs
+from labctl import paths, procs
 from labctl.errors import LabError
 from labctl.lifecycle import targets
 from labctl.plan.model import LabPlan
@@ -35,7 +35,14 @@ def open_output(path: str | Path) -> int:
     """The capture file, opened for writing by labctl itself, never through a symlink: root's
     dumpcap, given a name, followed a link planted in the user's directory and wrote over the
     file it pointed to. A file that exists is written over only if it is a plain file of this
-    user's."""
+    user's, and only in a directory that no one else can change: O_NOFOLLOW guards the file's own
+    name, not a directory above it that someone else could link elsewhere (paths.new_run_dir)."""
+    link = paths.foreign_link(Path(path))
+    why = f"{link} is a symlink of uid {os.lstat(link).st_uid}'s" if link is not None else \
+        paths.changeable_above(Path(path).parent)
+    if why:
+        raise LabError(f"cannot write the capture to {path}: {why}, which could send root's file anywhere",
+                       "give a file in a directory that only root (or you) can write, e.g. /var/tmp or your home")
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
         st = os.lstat(path)
