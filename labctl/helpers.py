@@ -17,10 +17,12 @@ up); the thread writes them and watches control.json's mtime, raising `control_c
 """
 from __future__ import annotations
 
+import errno
 import gc
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -92,9 +94,20 @@ def launch(lab, module: str, log_name: str, args: tuple[str, ...] = ()) -> subpr
 
 def launch_argv(lab, argv: list[str], log_name: str) -> subprocess.Popen:
     """Start a helper from its whole command line (one that runs it inside a container, say).
-    Its log is never opened through a link: a node agent's directory is bound into its container."""
-    log = os.fdopen(os.open(lab.path / f"{log_name}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW,
-                            0o644), "w")
+    Its log is never opened through a link, nor waited on: a node agent's directory is bound into
+    its container, which can put a link or a FIFO there (a FIFO's open blocks until a reader comes)."""
+    path = lab.path / f"{log_name}.log"
+    planted = LabError(f"{path} is not a plain file: something in the node made it", "take the lab down; its "
+                       "node's image or command writes into the agent's directory (/run/labctl-agent)")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as exc:      # ELOOP: a link; ENXIO: a FIFO no one reads
+        raise (planted if exc.errno in (errno.ELOOP, errno.ENXIO) else exc) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise planted
+    os.set_blocking(fd, True)
+    log = os.fdopen(fd, "w")
     p = subprocess.Popen(argv, cwd="/", stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL, text=True,
                          start_new_session=True)
     log.close()
@@ -119,8 +132,28 @@ def await_ready(p: subprocess.Popen, what: str, log: Path | None = None, tail: i
     p.kill()
     p.wait()
     p.stdout.close()
-    said = log.read_text()[-tail:] if log is not None and log.exists() else f"exit status {p.returncode}"
-    raise LabError(f"{what} did not start: {said}")
+    said = _tail(log, tail) if log is not None else None
+    raise LabError(f"{what} did not start: {said if said is not None else f'exit status {p.returncode}'}")
+
+
+def _tail(log: Path, tail: int) -> str | None:
+    """The last `tail` bytes of a helper's log, read as an agent's files are (a node's agent logs
+    into a directory its container may write: a link or a FIFO there is not followed or waited on)."""
+    try:
+        fd = os.open(log, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        os.lseek(fd, max(0, st.st_size - tail), os.SEEK_SET)
+        # the node's text, for a terminal: line breaks kept, escape sequences not
+        return "".join(c if c.isprintable() or c == "\n" else "?" for c in os.read(fd, tail).decode(errors="replace"))
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def serve(make, with_plan: bool = True, lab_dir: Path | None = None) -> None:

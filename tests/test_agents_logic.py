@@ -4,13 +4,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
 from labctl.dataplane import agents, control
-from labctl.errors import InputError
+from labctl.errors import InputError, LabError
 from labctl.plan import feeders, share
 from labctl.plan.compile import compile_plan
 from labctl.telemetry import agentreport, reaction
@@ -199,9 +200,27 @@ def test_links_a_container_plants_in_its_agent_directory_are_never_followed(tmp_
     assert share.read(own / share.SHARE_FILE, plan.lab).node.name == "leaf1"
     assert agentreport.load(tmp_path) is None                           # /dev/zero is not read
     lab = type("Lab", (), {"path": tmp_path, "journal": lambda self, *a: None})()
-    with pytest.raises(OSError):
+    with pytest.raises(LabError, match="not a plain file"):
         helpers.launch_argv(lab, ["true"], "agents/leaf1/agent")
     assert target.read_text() == "root's file"
+    # red team: a FIFO there blocked `up` in open() for good, holding the state lock; a link there
+    # had an agent that failed at once show root's /etc/shadow, or read /dev/zero until memory ran out
+    (own / "agent.log").unlink()
+    os.mkfifo(own / "agent.log")
+    with pytest.raises(LabError, match="not a plain file"):
+        helpers.launch_argv(lab, ["true"], "agents/leaf1/agent")
+    (own / "agent.log").unlink()
+    (own / "agent.log").symlink_to("/dev/zero")
+    p = subprocess.Popen(["sh", "-c", "exit 3"], stdout=subprocess.PIPE, text=True)
+    with pytest.raises(LabError) as err:
+        helpers.await_ready(p, "the switch agent of leaf1", own / "agent.log")
+    assert str(err.value) == "the switch agent of leaf1 did not start: exit status 3"
+    (own / "agent.log").unlink()
+    (own / "agent.log").write_bytes(b"x" * 10_000 + b"boom\x1b[2K\n")
+    p = subprocess.Popen(["sh", "-c", "exit 1"], stdout=subprocess.PIPE, text=True)
+    with pytest.raises(LabError) as err:
+        helpers.await_ready(p, "agent", own / "agent.log", tail=20)
+    assert str(err.value) == "agent did not start: " + "x" * 11 + "boom?[2K\n", str(err.value)
 
 
 def test_a_port_s_rate_reaches_its_lossless_classes_through_the_control_file(plan, tmp_path):
