@@ -188,6 +188,8 @@ def _scalar(node: yaml.Node, smap: SourceMap, path: Path = ()) -> object:
             # printed in an error message later (ValueError), let alone be a rate or a size
             raise InputError(where, f"an integer of more than {MAX_INT_BITS * 3 // 10} digits is not a value "
                              "labctl reads", "write a number of a sensible size (or quote it to keep it as text)")
+        if isinstance(value, str):
+            _refuse_unprintable(value, where)
         return value
     except yaml.constructor.ConstructorError:
         raise InputError(where, f"the tag {node.tag!r} is not one labctl reads",
@@ -197,6 +199,17 @@ def _scalar(node: yaml.Node, smap: SourceMap, path: Path = ()) -> object:
     except Exception as exc:      # PyYAML's constructors fail every way on hostile text (`!!timestamp x`)
         raise InputError(where, f"{str(node.value)[:40]!r} is not a value labctl can read: {str(exc)[:80]}",
                          "quote it to keep it as text, or write a plain number or date") from None
+
+
+def _refuse_unprintable(text: str, where: Where) -> None:
+    """labctl shows what a file says (its plan lists exec lines before root trusts them), so text
+    holds nothing a terminal acts on: an escape sequence in a double-quoted string ("\\e[2K") erased
+    the line `labctl plan` showed and printed a harmless one in its place. Line breaks and tabs stay."""
+    bad = next((c for c in text if not c.isprintable() and c not in "\n\t"), None)
+    if bad is not None:
+        raise InputError(where, f"the text holds a control character (U+{ord(bad):04X}{', ESC' if bad == chr(27) else ''})"
+                         ": labctl prints what a file says, and a terminal would act on it rather than show it",
+                         "remove it: write plain text (an escape such as \\e or \\x1b in double quotes makes one)")
 
 
 _LOADER = yaml.SafeLoader("")
