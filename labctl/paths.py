@@ -72,6 +72,36 @@ def new_run_dir(path: Path, option: str = "--out", what: str = "run") -> Path:
     return path
 
 
+def readable_by(path: Path, uid: int) -> bool:
+    """Whether user `uid` could read `path` themselves: every directory on its real path searchable
+    by them and the file readable, by its owner, group or other bits (root reads anything). A path
+    that does not resolve is left to the reader's own error."""
+    if uid == 0:
+        return True
+    try:
+        real = Path(os.path.realpath(path))
+        import pwd
+        entry = pwd.getpwuid(uid)
+        groups = set(os.getgrouplist(entry.pw_name, entry.pw_gid))
+    except KeyError:
+        groups = set()
+    except (OSError, ValueError):
+        return True
+
+    def may(st: os.stat_result, bit: int) -> bool:      # bit: 4 read, 1 search
+        if st.st_uid == uid:
+            return bool(st.st_mode & (bit << 6))
+        if st.st_gid in groups:
+            return bool(st.st_mode & (bit << 3))
+        return bool(st.st_mode & bit)
+    try:
+        if not all(may(os.stat(d), 1) for d in reversed(real.parents)):
+            return False
+        return may(os.stat(real), 4)
+    except OSError:
+        return True
+
+
 def trusted_owners() -> set[int]:
     """Who may own the directories labctl writes root's files under: root, the user labctl runs as,
     and the user who ran it through sudo (an admin's own home or clone)."""

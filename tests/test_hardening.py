@@ -519,3 +519,35 @@ def test_a_template_that_renders_for_ever_is_stopped_with_a_located_error(tmp_pa
         templates.render_file(tmp_path, "spin.j2", {}, Where("lab.yml", 7, "nodes.r1.files"))
     assert time.monotonic() - t0 < 5 and "still rendering after 0.5 s" in str(err.value)
     assert "lab.yml:7" in str(err.value)
+
+
+@pytest.mark.netns
+def test_an_experiment_names_only_files_its_author_could_read():
+    """Red team: an experiment of another user's naming /etc/shadow as its topology: had root quote
+    the file's first line (root's password hash) in its error."""
+    require_root()
+    import tempfile
+    from labctl.errors import InputError
+    from labctl.experiment.run import prepare
+    base = Path(tempfile.mkdtemp(prefix="labctl-test-", dir="/tmp"))    # searchable by others, as /tmp is
+    try:
+        os.chmod(base, 0o755)
+        secret = base / "secret.yml"
+        secret.write_text("root:$6$hash:20228:0:99999:7:::\n")
+        os.chmod(secret, 0o600)
+        theirs = base / "mallory"
+        theirs.mkdir()
+        exp = theirs / "e.yml"
+        exp.write_text(f"name: e\ntopology: {secret}\nsteps:\n  - wait: 1ms\n")
+        os.chown(theirs, NOBODY, NOBODY)
+        os.chown(exp, NOBODY, NOBODY)
+        with pytest.raises(InputError) as err:
+            prepare(exp, base / "out")
+        assert "not a file the experiment's author (uid 65534) may read" in str(err.value)
+        assert "hash" not in str(err.value) and err.value.where.line == 2
+        os.chmod(secret, 0o644)                  # one they may read: read, and refused for what it is
+        with pytest.raises(InputError) as err:
+            prepare(exp, base / "out2")
+        assert "author" not in str(err.value) and "root:" in str(err.value)
+    finally:
+        shutil.rmtree(base)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from labctl import lifecycle as labmod
+from labctl import lifecycle as labmod, paths
 from labctl.lifecycle.capture import Capture, file_name
 from labctl.errors import InputError, LabError
 from labctl.paths import is_dir
@@ -44,7 +44,18 @@ def prepare(path: Path, out: Path, sets: list[str] = (), opened: dict | None = N
     gets the experiment file that was read (its real path and fstat), which the trust model judges."""
     from labctl.plan.compile import compile_plan
     from labctl.topology.load import load_topology
+    opened = opened if opened is not None else {}
     exp, text, smap = load_experiment(path, opened)
+    author = opened["stat"].st_uid
+    refs = [(("topology",), exp.topology)] + [(("steps", k, "run"), s.run) for k, s in enumerate(exp.steps)
+                                              if isinstance(s.run, str)]
+    for key, ref in refs:
+        if not paths.readable_by(path.parent / ref, author):
+            # root reads what it is told; the author may name a file only they could read themselves
+            # (a lab or workload file that is not one quotes its first line in the error)
+            raise InputError(smap.where(key), f"{ref} is not a file the experiment's author (uid {author}) may "
+                             "read: labctl reads for an experiment only what its author could",
+                             "name a lab or workload file the experiment's owner can read")
     workloads = {}
     out.mkdir(parents=True, exist_ok=True)
     for k, step in enumerate(exp.steps):
