@@ -205,3 +205,18 @@ def test_estimate_cli_refuses_bad_input(tmp_path):
     res = CliRunner().invoke(cli, ["estimate", "--calibration", str(bad)])
     assert res.exit_code == 2 and "cal.json: params: missing" in res.output
     assert report.ranks_order(Clos.for_gpus(64, radix=16), "rail").tolist() == list(range(0, 64, 8))
+
+
+def test_a_run_directory_that_is_not_one_is_refused_without_reading_forever(tmp_path):
+    """Red team: --calibrate read results.json through a link to /dev/zero until memory ran out,
+    and a results.json of {} ended in a KeyError traceback."""
+    from labctl.errors import InputError
+    from labctl.estimate import labrun
+    (tmp_path / "results.json").symlink_to("/dev/zero")
+    (tmp_path / "plan.json").write_text("{}")
+    with pytest.raises(InputError, match="not a regular file"):
+        labrun.samples(tmp_path)
+    (tmp_path / "results.json").unlink()
+    (tmp_path / "results.json").write_text("{}")
+    with pytest.raises(InputError, match="not what `labctl run` writes"):
+        labrun.samples(tmp_path)

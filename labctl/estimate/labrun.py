@@ -75,12 +75,22 @@ def samples(run_dir: Path, seeds: list[int] = DEFAULT_SEEDS) -> list[dict]:
     """One sample per collective and size of a run: measured lab time, the lab's own α-β bound, and
     the model's phase features (with the kernel's recorded spines when the run traced them)."""
     run_dir = Path(run_dir)
+    from labctl.topology.yamlpos import read_input
+    # a run directory may be anyone's: each file is read only if it is a regular file of bounded size
+    # (a link to /dev/zero would be read until memory ran out), and what does not parse is an error
+    files = {}
+    for name in ("results.json", "plan.json"):
+        if not (run_dir / name).exists():
+            raise InputError(Where(str(run_dir)), f"not a run directory: {name} is missing",
+                             "give a directory `labctl run` wrote (it holds results.json and plan.json)")
+        files[name] = read_input(run_dir / name, name, f"{run_dir}/{name} as `labctl run` wrote it")
     try:
-        doc = json.loads((run_dir / "results.json").read_text())
-        plan = LabPlan.from_dict(json.loads((run_dir / "plan.json").read_text()))
-    except FileNotFoundError as exc:
-        raise InputError(Where(str(run_dir)), f"not a run directory: {Path(exc.filename).name} is missing",
-                         "give a directory `labctl run` wrote (it holds results.json and plan.json)") from None
+        doc = json.loads(files["results.json"])
+        plan = LabPlan.from_dict(json.loads(files["plan.json"]))
+        _ = doc["ranks"], doc["results"]          # the keys a sample reads, there before any is made
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise InputError(Where(str(run_dir)), f"results.json and plan.json there are not what `labctl run` writes "
+                         f"({type(exc).__name__}: {str(exc)[:80]})", "give a directory `labctl run` wrote") from None
     fabric, spine_names = fabric_from_plan(plan)
     opts = doc.get("options", {})
     qps, fixed = int(opts.get("qps", 1)), opts.get("sport") == "fixed"
