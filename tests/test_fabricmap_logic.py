@@ -146,3 +146,24 @@ def test_an_algorithm_on_a_ring_only_collective_is_a_located_error(tmp_path):
     with pytest.raises(InputError) as e:
         load_workload(f)
     assert e.value.where.line == 3 and "applies to collective: all_reduce" in str(e.value)
+
+
+def test_the_per_operation_plots_draw_the_longest_operation(tmp_path):
+    """User trial: a step's timeline and sender rates drew its first operation, a 1 s forward
+    all-gather, not the 21 s backward pass where the WAN dropped and DCQCN reacted."""
+    import json
+    from labctl.experiment import plots
+
+    def op(label, length):
+        sends = [[k, k * length / 8, (k + 1) * length / 8] for k in range(8)]
+        return {"label": label, "time_s": length,
+                "per_rank": {"0": {"sends": sends, "bytes_sent": 8000}, "1": {"sends": sends, "bytes_sent": 8000}}}
+    doc = {"results": [op("forward all_gather layer 0", 1.0), op("backward + replica all_reduce", 21.0)],
+           "nodes": {"0": "g0", "1": "g1"}}
+    (tmp_path / "results.json").write_text(json.dumps(doc))
+    assert plots.longest(doc["results"]) == 1
+    rates = plots.sender_rates(tmp_path, tmp_path / "r.png")
+    assert max(rates["rank 0"][0]) >= 20.0
+    gantt = plots.timeline(tmp_path, tmp_path / "t.png")
+    assert max(gantt["rank 0"][0]) >= 18.0
+    assert max(plots.timeline(tmp_path, tmp_path / "t0.png", result=0)["rank 0"][0]) < 1.0

@@ -136,11 +136,17 @@ def pauses_and_marks(run_dir: Path, path: Path, bin_s: float = 0.1) -> Series:
     return series
 
 
-def timeline(run_dir: Path, path: Path, result: int = 0) -> Series:
-    """Per rank, when each of its sends ran: a Gantt of the collective's steps. A rank's gap is it
-    waiting for a chunk from its neighbour."""
+def longest(results: list[dict]) -> int:
+    """The operation that took longest: where a run's queues, drops and reactions are (a step's
+    backward pass crossing the WAN, not its short forward all-gather)."""
+    return max(range(len(results)), key=lambda k: results[k]["time_s"])
+
+
+def timeline(run_dir: Path, path: Path, result: int | None = None) -> Series:
+    """Per rank, when each of its sends ran in operation `result` (the longest by default): a Gantt
+    of the collective's steps. A rank's gap is it waiting for a chunk from its neighbour."""
     doc = json.loads((run_dir / "results.json").read_text())
-    r = doc["results"][result]
+    r = doc["results"][longest(doc["results"]) if result is None else result]
     series: Series = {}
     fig, ax = plt.subplots(figsize=(9, 0.5 * len(r["per_rank"]) + 1.5))
     for row, (rank, pr) in enumerate(sorted(r["per_rank"].items(), key=lambda kv: int(kv[0]))):
@@ -153,11 +159,11 @@ def timeline(run_dir: Path, path: Path, result: int = 0) -> Series:
     return series
 
 
-def sender_rates(run_dir: Path, path: Path, result: int = 0, window: float = 0.5) -> Series:
-    """Each sending rank's rate over time, from its sends' completion times: DCQCN cutting and
-    recovering shows here."""
+def sender_rates(run_dir: Path, path: Path, result: int | None = None, window: float = 0.5) -> Series:
+    """Each sending rank's rate over time in operation `result` (the longest by default), from its
+    sends' completion times: DCQCN cutting and recovering shows here."""
     doc = json.loads((run_dir / "results.json").read_text())
-    r = doc["results"][result]
+    r = doc["results"][longest(doc["results"]) if result is None else result]
     series: Series = {}
     fig, ax = plt.subplots(figsize=(9, 4.5))
     for rank, pr in sorted(r["per_rank"].items(), key=lambda kv: int(kv[0])):
@@ -174,7 +180,7 @@ def sender_rates(run_dir: Path, path: Path, result: int = 0, window: float = 0.5
             x += window / 2
         series[f"rank {rank}"] = (t, y)
         ax.plot(t, y, label=f"rank {rank} {doc['nodes'].get(rank, '')}")
-    _save(fig, ax, f"Sender rates, {window:g} s windows", "lab time (s)", "Mbit/s (lab)", path)
+    _save(fig, ax, f"Sender rates in {r['label']}, {window:g} s windows", "lab time (s)", "Mbit/s (lab)", path)
     return series
 
 
