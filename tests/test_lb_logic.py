@@ -349,6 +349,13 @@ def test_a_run_reports_its_reordering_naks_and_resent_bytes():
                                   "later one (100); go-back-N receivers (ooo: drop): 7 NAKs, 50 packets (210,000 "
                                   "bytes) resent")
     assert reordering(counters, {"reliable": False})["receivers"] == "unreliable"
+    # user trial: a single-path WAN that dropped 30 packets read 30 reordered: each came again as a
+    # resend the receiver never saw, behind later ones it had; the ledger's losses are taken off
+    r = reordering(counters, {"reliable": True, "ooo": "drop"}, network_lost=30)
+    assert (r["reordered"], r["resends_of_lost"]) == (70, 30)
+    assert "(70, not counting 30 resends of packets the network lost)" in reordering_line(r)
+    assert reordering(counters, {"reliable": True}, network_lost=500)["reordered"] == 50   # at most what was resent
+    assert reordering(counters, {"reliable": False}, network_lost=30)["reordered"] == 100   # nothing is resent
 
 
 def test_a_switch_whose_routes_the_plan_does_not_hold_is_taken_to_have_chosen():

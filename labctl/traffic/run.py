@@ -228,7 +228,7 @@ def run_workload(plan: LabPlan, lab: LabDir, loaded: LoadedWorkload, out_dir: Pa
            "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "results": results,
            "counters": {str(r): c for r, c in counters.items()}, "queue_series": series,
            "flows": [f for f in flow_results if f["received"] or f["error"]], "loss_ledger": losses,
-           "reordering": report.reordering(counters, w.options.model_dump()) if ops else None,
+           "reordering": report.reordering(counters, w.options.model_dump(), losses["total"]) if ops else None,
            "uplinks": fabricports.uplink_deltas(uplinks_before, uplinks_after),
            "controller_reaction": reactions}
     doc.update(fabric_bytes(plan, ops, link_bytes_before, link_bytes_after, bool(tcp_flows)))
