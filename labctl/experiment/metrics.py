@@ -124,6 +124,7 @@ def run_metrics(plan: LabPlan, run_dir: Path, wan_bytes: float = 0.0) -> dict[st
         "predicted_imbalance": predicted_imbalance(plan, doc),
         "wan_bytes": wan_bytes,
         "tcp_goodput_bps": sum(f["received"] for f in flows) * 8 / span if span else 0.0,
+        "tcp_retransmits": sum(f.get("retransmits", 0) for f in flows),
         "victim_time_s": sum(r.get("victim_s") or 0.0 for r in results),
         "fsdp_bytes_ratio": _fsdp_ratio(doc),
         **wan.wan_metrics(plan, deltas),

@@ -60,6 +60,7 @@ METRICS = {
                            "QPs (0 where paths are per packet)",
     "wan_bytes": "bytes the WAN line delivered during the run",
     "tcp_goodput_bps": "TCP flows' bytes x 8 / their span, lab bit/s",
+    "tcp_retransmits": "segments the TCP flows' senders retransmitted (their kernel's count)",
     "fsdp_bytes_ratio": "FSDP: bytes sent per rank / the strategy's formula (FULL_SHARD 3(n-1)/n x model, "
                         "SHARD_GRAD_OP 2(n-1)/n, HYBRID_SHARD 3(g-1)/g + 2(r-1)/(r g)) (1 = as FSDP predicts)",
     "victim_time_s": "lab seconds the workload's victim: transfer took, beside the collectives",
