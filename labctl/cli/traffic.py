@@ -41,6 +41,10 @@ def run(workload, lab_name, out_dir, as_json, sets):
     from pathlib import Path
     from labctl.experiment.run import is_experiment
     if is_experiment(Path(workload)):
+        if lab_name:
+            raise click.UsageError(f"--lab names a lab that is up for a workload to play on; an experiment builds "
+                                   f"its own from its topology: (and takes it down): leave --lab out, or play a "
+                                   f"workload on {lab_name} with `labctl run WORKLOAD.yml --lab {lab_name}`")
         _run_experiments(Path(workload), out_dir, as_json, list(sets))
         return
     if sets:

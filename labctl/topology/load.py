@@ -55,6 +55,22 @@ def render_topology(file: str | Path, sets=(), template_dirs=(), maps=None) -> t
     return text, smap, template
 
 
+def _refuse_other_kinds(data: dict, smap, path: Path) -> None:
+    """An experiment or a workload given where a lab file goes (`labctl plan experiments/x.yml`) is
+    named for what it is, rather than read as a containerlab file with unknown keys."""
+    if "nodes" in data or "topology" in data and isinstance(data["topology"], dict) or "template" in data:
+        return
+    if "steps" in data:
+        target = data.get("topology")
+        raise InputError(smap.where(("steps",)), f"{path} is an experiment (it has steps:), not a lab file",
+                         f"run it with `labctl run {path}`" + (f", or plan its lab: `labctl plan {path.parent / target}`"
+                                                                if isinstance(target, str) else ""))
+    played = [k for k in ("collective", "fsdp", "train", "flows") if k in data]
+    if played:
+        raise InputError(smap.where((played[0],)), f"{path} is a workload (it has {played[0]}:), not a lab file",
+                         f"play it on a lab that is up: `labctl run {path} --lab LAB`")
+
+
 def _render(file: str | Path, sets=(), template_dirs=(), maps=None, opened: dict | None = None):
     """(text, its source map, template name or None, the parsed data, the template's tree or None),
     parsing each text once."""
@@ -62,6 +78,7 @@ def _render(file: str | Path, sets=(), template_dirs=(), maps=None, opened: dict
     text, data, smap = load_yaml_file(path, "lab file", "name:, nodes:, links:", "topologies/leaf-spine.yml",
                                       opened)
     overrides = parse_sets(sets)
+    _refuse_other_kinds(data, smap, path)
     if clab.is_clab(data):
         text = clab.to_labctl(data, smap, str(path), maps)
         data, smap = load_yaml(text, f"{path} (read as containerlab; see `labctl render {path}`)")
