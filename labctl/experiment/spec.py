@@ -102,11 +102,14 @@ SWEEP_VALUE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,31}$")
 
 class Sweep(Strict):
     var: str = Field(description="the template variable to sweep")
-    values: list[Any] = Field(min_length=2, description="its values, one run of the steps each")
+    values: list[Any] = Field(description="its values, one run of the steps each")
 
     @field_validator("values")
     @classmethod
     def _names_a_run(cls, values: list) -> list:
+        if len(values) < 2:
+            raise ValueError(f"a sweep runs the steps once per value, so it needs two values or more (it has "
+                             f"{len(values)}); for one, write it under set: instead (set: [VAR=VALUE])")
         # each value names its runs and their directories (ar@5): a path there could escape the run dir
         for v in values:
             if isinstance(v, (dict, list)) or not SWEEP_VALUE.fullmatch(str(v)) or ".." in str(v):

@@ -161,9 +161,10 @@ def check(spec: TrainSpec, where) -> None:
 
 
 def _near(n: int, k: int) -> str:
-    """The multiples of k next to n, as a fix offers them."""
+    """The multiples of k next to n, as a fix offers them: " (16 or 24)"; nothing when the next
+    one is k itself (the fix has just named it)."""
     below, above = n // k * k, (n // k + 1) * k
-    return f"{below:,} or {above:,}" if below else f"{above:,}"
+    return f" ({below:,} or {above:,})" if below else "" if above == k else f" ({above:,})"
 
 
 def step_for(spec: TrainSpec, n: int, dilation: float, where) -> TrainStep:
@@ -173,7 +174,7 @@ def step_for(spec: TrainSpec, n: int, dilation: float, where) -> TrainStep:
     if g.dp is None and n % tpp:
         raise InputError(where(_key("degrees")), f"tp x pp = {g.tp} x {g.pp} = {tpp} does not divide the {n} "
                          "participants", f"choose tp and pp whose product divides {n}, or run on a multiple of "
-                         f"{tpp} GPUs ({_near(n, tpp)})")
+                         f"{tpp} GPUs{_near(n, tpp)}")
     dp = n // tpp if g.dp is None else g.dp
     if tpp * dp != n:
         fit = f"leave dp out (it is then {n} / {tpp} = {n // tpp}), or " if n % tpp == 0 else ""
@@ -184,11 +185,11 @@ def step_for(spec: TrainSpec, n: int, dilation: float, where) -> TrainStep:
     if dp % g.ep:
         raise InputError(where(_key("degrees.ep")), f"ep {g.ep} must divide dp {dp}{whence}",
                          f"set ep to {tm.divisors(math.gcd(dp, experts))}, or run on a multiple of tp x pp x ep = "
-                         f"{tpp * g.ep:,} GPUs ({_near(n, tpp * g.ep)})")
+                         f"{tpp * g.ep:,} GPUs{_near(n, tpp * g.ep)}")
     if shard is not None and dp % shard:
         raise InputError(where(("train", "dp_shard")), f"dp_shard {shard} must divide dp {dp}{whence}",
                          f"set dp_shard to {tm.divisors(dp)}, or run on a multiple of tp x pp x dp_shard = "
-                         f"{tpp * shard:,} GPUs ({_near(n, tpp * shard)}) to keep dp_shard {shard}")
+                         f"{tpp * shard:,} GPUs{_near(n, tpp * shard)} to keep dp_shard {shard}")
     try:
         return spec.step(n, dilation)
     except ValueError as exc:       # check() has passed every other rule; kept located all the same
