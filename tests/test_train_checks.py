@@ -164,3 +164,23 @@ def test_a_train_step_prints_as_a_step_not_as_an_nccl_tests_row():
     assert "# 2 train steps measured: 1.300 s lab on average (1.200-1.400), bound 1.000 s, ratio 1.30, " \
            "0 wrong" in text
     assert "# train step tp=2 pp=2 dp=2 ep=1" in text
+
+
+def test_an_fsdp_stage_row_is_labelled_and_claims_no_bus_bandwidth():
+    """User trial: FSDP's rows were unlabelled, 'float sum', with busbw = algbw for a mix of an
+    all-gather and a reduce-scatter."""
+    from labctl.traffic import report
+
+    def row(label, collective, busbw):
+        return {"label": label, "collective": collective, "size": 4096, "n": 8, "time_s": 0.01, "algbw_GBps": 0.4,
+                "busbw_GBps": busbw, "ideal_s": 0.01, "wrong": 0,
+                "real": {"time_s": 2.5e-6, "algbw_GBps": 1600.0, "busbw_GBps": busbw * 4000}}
+    doc = {"workload": "w", "lab": "ls", "ranks": list(range(8)), "dilation": 4000.0,
+           "results": [row("backward all_gather layer 0 + backward reduce_scatter layer 0", "fsdp_stage", 0.4),
+                       row("ag", "all_gather", 0.35)]}
+    lines = report.table(doc).splitlines()
+    stage = next(x for x in lines if "backward all_gather layer 0 + backward reduce_scatter" in x)
+    assert stage.split()[2:4] == ["-", "-"] and stage.split()[7] == "-", stage     # type, redop; busbw
+    ag = next(x for x in lines if x.split()[:1] == ["4096"] and "backward" not in x)
+    assert ag.split()[2:4] == ["float", "none"], ag
+    assert any(x.startswith("# Avg bus bandwidth (lab): 0.3500 GB/s") for x in lines), lines

@@ -60,6 +60,9 @@ def reordering_line(r: dict) -> str:
             f"{r['retransmitted_packets']:,} packets ({r['retransmitted_bytes']:,} bytes) resent")
 
 
+REDUCING = ("all_reduce", "reduce_scatter", "reduce", "hier_all_reduce")   # nccl-tests prints their redop, sum
+
+
 def table(doc: dict) -> str:
     # a train: step is a schedule of many collectives, not one of nccl-tests' rows: it gets lines of its own
     rows = [r for r in summarize(doc["results"]) if r["collective"] != "train_step"]
@@ -76,13 +79,19 @@ def table(doc: dict) -> str:
               f"{'(GB/s)':>7} {'':>6} {'(us)':>11} {'':>6} | {'(us)':>9} {'(GB/s)':>8} {'(GB/s)':>8}"]
     for r in rows:
         root = 0 if r["collective"] in ("broadcast", "incast") else -1
+        # an FSDP stage is several collectives at once: nccl-tests has no row for it, so it shows its
+        # label and no bus bandwidth (no one bus factor holds for a mix of groups and kinds)
+        stage = r["collective"] == "fsdp_stage"
+        redop = "-" if stage else "sum" if r["collective"] in REDUCING else "none"
+        busbw, real_busbw = ("-", "-") if stage else (f"{r['busbw_GBps']:.3f}", f"{r['real_busbw']:.2f}")
         lines.append(
-            f"  {r['size']:>11} {r['size'] // 4:>11} {'float':>6} {'sum':>6} {root:>5} {r['time_s'] * 1e6:>11.0f} "
-            f"{r['algbw_GBps']:>7.3f} {r['busbw_GBps']:>7.3f} {r['wrong']:>6} {r['ideal_s'] * 1e6:>11.0f} "
+            f"  {r['size']:>11} {r['size'] // 4:>11} {'-' if stage else 'float':>6} {redop:>6} {root:>5} "
+            f"{r['time_s'] * 1e6:>11.0f} {r['algbw_GBps']:>7.3f} {busbw:>7} {r['wrong']:>6} {r['ideal_s'] * 1e6:>11.0f} "
             f"{r['time_s'] / r['ideal_s'] if r['ideal_s'] else 0:>6.2f} | {r['real_time_s'] * 1e6:>9.1f} "
-            f"{r['real_algbw']:>8.2f} {r['real_busbw']:>8.2f}")
-    if rows:
-        avg = mean(r["busbw_GBps"] for r in rows)
+            f"{r['real_algbw']:>8.2f} {real_busbw:>8}" + (f"  {r['label']}" if stage else ""))
+    collectives = [r for r in rows if r["collective"] != "fsdp_stage"]
+    if collectives:
+        avg = mean(r["busbw_GBps"] for r in collectives)
         lines.append(f"# Avg bus bandwidth (lab): {avg:.4f} GB/s   (real fabric: {avg * d:.2f} GB/s)")
     if "fsdp" in doc:
         f = doc["fsdp"]
