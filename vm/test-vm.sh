@@ -7,11 +7,13 @@
 #                            root test modules for sysctls, routing, shaping and VXLAN; then destroy
 #   vm/test-vm.sh --smoke    box, vagrant up, doctor, demo, destroy (what CI runs)
 #   vm/test-vm.sh --packages only install Vagrant, libvirt and QEMU if missing (CI does first)
+#   vm/test-vm.sh --box      only build the box if it is not cached (CI builds it beside its first part)
 #   vm/test-vm.sh --repeat N EXPERIMENT
 #                            box, vagrant up, doctor, then experiments/EXPERIMENT.yml N times in
 #                            one guest, each kept under LABCTL_VM_KEEP as EXPERIMENT-K.tar.gz, and
 #                            a tally of passes: for a step that passes or fails from run to run
 #   LABCTL_VM_KEEP=DIR       keep each experiment's directory from the guest in DIR, passed or failed
+#   LABCTL_VM_BOOT_AFTER=F   once the box is ready, wait until file F exists before booting (CI)
 #
 # Installs Vagrant, vagrant-libvirt, libvirt and QEMU if missing. libvirtd and virtlogd are started
 # here, in a network namespace of their own (their bridge, dnsmasq and NAT stay out of the host's),
@@ -24,13 +26,14 @@ mode=full
 case "${1:-}" in
   --smoke) mode=smoke ;;
   --packages) mode=packages ;;
+  --box) mode=box ;;
   --repeat)
     mode=repeat; repeat=${2:-}; repeat_exp=${3:-}
     [[ "$repeat" =~ ^[1-9][0-9]?$ ]] || { echo "test-vm.sh: --repeat takes a count from 1 to 99, then an experiment" >&2; exit 2; }
     [[ "$repeat_exp" =~ ^[a-z0-9-]+$ ]] && [ -f "$here/experiments/$repeat_exp.yml" ] ||
       { echo "test-vm.sh: no experiment '$repeat_exp' (one of: $(cd "$here/experiments" && ls *.yml | sed 's/\.yml$//' | tr '\n' ' '))" >&2; exit 2; } ;;
   "") ;;
-  -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
   *) echo "test-vm.sh: unknown option $1 (try --help)" >&2; exit 2 ;;
 esac
 [ "$(id -u)" -eq 0 ] || { echo "test-vm.sh: run as root (sudo $0)" >&2; exit 1; }
@@ -60,6 +63,13 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 [ "$mode" = packages ] && { rmdir "$run"; exit 0; }
+if [ "$mode" = box ]; then
+  rmdir "$run"
+  t=$(date +%s)
+  box=$("$here/vm/build-box.sh" | tail -1)
+  say "box ready in $(( $(date +%s) - t )) s: $box"
+  exit 0
+fi
 
 in_ns() { ip netns exec "$ns" "$@"; }
 vg() { (cd "$here" && in_ns vagrant "$@"); }
@@ -163,6 +173,11 @@ if ! virsh_ pool-info default >/dev/null 2>&1; then     # transient: it goes wit
   cached_pool=default
 fi
 
+if [ -n "${LABCTL_VM_BOOT_AFTER:-}" ]; then
+  # CI builds the box beside its first part, and boots the guest once that part is over
+  say "box ready; waiting for $LABCTL_VM_BOOT_AFTER before booting"
+  until [ -e "$LABCTL_VM_BOOT_AFTER" ]; do sleep 1; done
+fi
 t=$(date +%s)
 say "vagrant up (accel ${LABCTL_VM_ACCEL:-auto})"
 # vagrant-libvirt redraws its upload progress thousands of times on one line: keep the log readable
