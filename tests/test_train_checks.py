@@ -184,3 +184,17 @@ def test_an_fsdp_stage_row_is_labelled_and_claims_no_bus_bandwidth():
     ag = next(x for x in lines if x.split()[:1] == ["4096"] and "backward" not in x)
     assert ag.split()[2:4] == ["float", "none"], ag
     assert any(x.startswith("# Avg bus bandwidth (lab): 0.3500 GB/s") for x in lines), lines
+
+
+def test_tp_off_nvlink_blames_the_lab_when_it_has_no_nvlink_and_the_placement_when_it_has():
+    """User trial: on ai-cluster (no NVLink) the note said the placement put tp on scale-out, which
+    no placement could change."""
+    from labctl.plan.compile import compile_plan
+    from labctl.topology.load import load_topology
+    from labctl.traffic import fabrics, report
+    cluster = compile_plan(load_topology(ROOT / "topologies" / "ai-cluster.yml", ["zones=2"]))
+    assert "scaleup" not in fabrics.present(cluster) and "scaleacross" in fabrics.present(cluster)
+    assert "scaleup" in fabrics.present(compile_plan(load_topology(ROOT / "topologies" / "leaf-spine.yml", [])))
+    by_dim = {"tp": {"scaleout": 100}}
+    assert "this lab has no scaleup fabric" in report.dimension_lines(by_dim, fabrics.present(cluster))[1]
+    assert "the placement put it there" in report.dimension_lines(by_dim, ["scaleup", "scaleout"])[1]

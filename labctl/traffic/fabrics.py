@@ -17,6 +17,14 @@ FABRICS = ("scaleup", "scaleout", "scaleacross", "frontend")
 _BY_KIND = {"scale-up": "scaleup", "scale-out": "scaleout", "scale-across": "scaleacross", "frontend": "frontend"}
 
 
+def present(plan: LabPlan) -> list[str]:
+    """The fabrics this lab has (scale-across when its GPUs span zones)."""
+    kinds = {_BY_KIND.get(fabric_kind(f.kind).name, "scaleout") for f in plan.fabrics.values()}
+    if len({n.zone for n in plan.nodes if n.rank is not None}) > 1:
+        kinds.add("scaleacross")
+    return [f for f in FABRICS if f in kinds]
+
+
 def pair_fabric(plan: LabPlan, a: Node, b: Node) -> str:
     ia, _ = path_ports(plan, a, b)
     kind = _BY_KIND.get(fabric_kind(plan.fabrics[ia.fabric].kind).name, "scaleout")

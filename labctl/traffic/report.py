@@ -164,7 +164,7 @@ def train_lines(t: dict, dilation: float) -> list[str]:
                                                              if wan is not None else ""),
             "# bytes per dimension: " + ", ".join(f"{k} {v:,}" for k, v in t["dim_bytes"].items()),
             "# bytes per fabric (schedule): " + ", ".join(f"{k} {v:,}" for k, v in t["fabric_bytes_expected"].items())] \
-        + dimension_lines(t.get("dim_fabric_bytes") or {})
+        + dimension_lines(t.get("dim_fabric_bytes") or {}, t.get("lab_fabrics"))
 
 
 # the fabrics each dimension is meant for: tp exchanges every layer's activations in the critical
@@ -175,9 +175,10 @@ MEANT_FOR = {"tp": ("scaleup",), "ep": ("scaleup", "scaleout"), "pp": ("scaleup"
              "dp": ("scaleup", "scaleout", "scaleacross")}
 
 
-def dimension_lines(by_dim: dict[str, dict[str, int]]) -> list[str]:
+def dimension_lines(by_dim: dict[str, dict[str, int]], lab_fabrics: list[str] | None = None) -> list[str]:
     """Where each dimension's bytes went (the fabric of each transfer's path), and a note for a
-    dimension on a fabric it is not meant for (tp off NVLink, anything but dp across the WAN)."""
+    dimension on a fabric it is not meant for (tp off NVLink, anything but dp across the WAN): put
+    there by the placement, or by a lab that has none of the fabrics it is meant for."""
     landed = {d: f for d, f in by_dim.items() if f}
     if not landed:
         return []
@@ -187,9 +188,13 @@ def dimension_lines(by_dim: dict[str, dict[str, int]]) -> list[str]:
         off = {f: n for f, n in fs.items() if f not in MEANT_FOR.get(d, fs)}
         if off:
             share = sum(off.values()) / sum(fs.values())
+            meant = MEANT_FOR[d]
+            why = (f"this lab has no {' or '.join(meant)} fabric, so no placement can keep it there (a lab with "
+                   "NVLink domains: the leaf-spine template's scale_up)"
+                   if lab_fabrics is not None and not set(meant) & set(lab_fabrics) else
+                   "the placement put it there (`placement:` in train:, docs/parallelism.md)")
             out.append(f"# note: {share:.0%} of {d}'s bytes cross {' and '.join(off)}, a fabric {d} is not meant "
-                       f"for ({d} on {', '.join(MEANT_FOR[d])}): the placement put it there (`placement:` in train:, "
-                       f"docs/parallelism.md)")
+                       f"for ({d} on {', '.join(meant)}): {why}")
     return out
 
 

@@ -178,6 +178,7 @@ def summary(plan: LabPlan, cfg: TrainStep, s: sch.Schedule, result: dict, comput
                                                                                   if t.phase == d]).items() if n}
                              for d in DIMS},
         "fabric_bytes_expected": fabrics.expected(plan, nodes, s.transfers),
+        "lab_fabrics": fabrics.present(plan),
         "fabric_wire_bytes_expected": fabrics.expected(plan, nodes, s.transfers, wire=True),
         "step_time_s": step, "compute_path_s": compute_path, "ideal_s": result["ideal_s"],
         "bubble_fraction": bubble(cfg),
