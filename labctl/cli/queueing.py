@@ -30,7 +30,9 @@ def _queue_table(rows: list[dict], title: str) -> Table:
         t.add_column(col)
     for r in rows:
         pfc = "-" if not r["lossless"] else (f"on ({r['xoff_bytes'] // 1024} KiB)" if r["pfc"] else "off")
-        t.add_row(r["node"], r["port"], f"{r['class']} (tc {r['tc']}{', lossless' if r['lossless'] else ''})",
+        # a lossless class with PFC turned off (`tc set --pfc off`) drops like any other
+        kind = "" if not r["lossless"] else ", lossless" if r["pfc"] else ", lossless class, PFC off: drops"
+        t.add_row(r["node"], r["port"], f"{r['class']} (tc {r['tc']}{kind})",
                   ",".join(map(str, r["dscp"])) or "other", f"{format_rate(r['rate_bps'])} / "
                   f"{format_rate(r['ceil_bps'])}", f"{r['buffer_bytes'] // 1024} KiB", f"{r['depth_bytes']} B",
                   f"{r['sent_packets']} pkt", str(r["drops"]),

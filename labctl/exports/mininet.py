@@ -71,12 +71,13 @@ def _literal(value) -> str:
     return pprint.pformat(value, width=110, sort_dicts=False)
 
 
-TEMPLATE = '''#!/usr/bin/env python3
+TEMPLATE = '''#!/usr/bin/python3
 """Lab {lab!r}, exported by `labctl export --format mininet`: the same nodes, links, addresses,
 routes (ECMP next-hops and weights included) and link rates, built with Mininet's API alone.
+Debian's and Ubuntu's mininet is a module of the system's Python, hence /usr/bin/python3.
 
-    sudo python3 {lab}_mininet.py          # Mininet's CLI
-    sudo python3 {lab}_mininet.py --test   # build, ping every pair of end hosts, stop; exit 0 if all answered
+    sudo /usr/bin/python3 THIS_FILE           # Mininet's CLI
+    sudo /usr/bin/python3 THIS_FILE --test    # build, ping every pair of end hosts, stop; exit 0 if all answered
 
 What Mininet cannot express, and this script leaves out:
 {header}

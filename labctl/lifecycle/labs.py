@@ -68,13 +68,15 @@ def default_lab(name: str | None, positional: bool = False) -> state.LabDir:
         return labs[0]
     if not labs:
         raise LabError("no lab is up", "`labctl up topologies/leaf-spine.yml`")
+    # every lab is offered alike: the first by name may be someone else's (a `tc set` on it changes it)
     if positional:
         import click
         ctx = click.get_current_context(silent=True)
-        how = f"`{ctx.command_path if ctx else 'labctl COMMAND'} {labs[0].name}`"
+        how = " or ".join(f"`{ctx.command_path if ctx else 'labctl COMMAND'} {d.name}`" for d in labs[:6])
     else:
-        how = f"--lab {labs[0].name}"
-    raise LabError(f"{len(labs)} labs are up ({', '.join(d.name for d in labs)})", f"say which, e.g. {how}")
+        how = " or ".join(f"--lab {d.name}" for d in labs[:6])
+    raise LabError(f"{len(labs)} labs are up ({', '.join(d.name for d in labs)})",
+                   f"say which: {how}{' or ...' if len(labs) > 6 else ''} (`labctl status` says what each was built from)")
 
 
 def load_plan(lab: state.LabDir) -> LabPlan:
