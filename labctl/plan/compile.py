@@ -294,7 +294,7 @@ def tunnels(b: Build) -> None:
 PASSES = (("pools", pools), ("nodes", nodes), ("placement", placement.place), ("ranks", ranks), ("loopbacks", loopbacks),
           ("segments", segments), ("links", links), ("shaping", shaping), ("buffers", buffers), ("wires", wires),
           ("tunnels", tunnels), ("routes", routes), ("balancing", balancing), ("steering", steering),
-          ("binds", software.binds_apart), ("files", software.files))
+          ("binds", software.binds_apart), ("bind sources", software.binds_exist), ("files", software.files))
 
 
 def compile_plan(loaded: Loaded, queue_reads: str = "poll") -> model.LabPlan:

@@ -100,6 +100,19 @@ def binds_apart(b) -> None:
                                  f"bind a path no node can write, or mount {holder}'s bind read-only (:ro)")
 
 
+def binds_exist(b) -> None:
+    """The compile pass that refuses a bind whose host path does not exist, as containerlab does
+    before it deploys: the engine would make it an empty directory of root's in the lab's
+    directory, mount that, and leave it behind (a startup-config: of a containerlab file is one)."""
+    for name, node in b.nodes.items():
+        for i, text in enumerate(node.container.binds if node.container else ()):
+            host = text.split(":")[0]
+            if not os.path.lexists(host):
+                raise InputError(b.smap.where(("nodes", name, "binds", i)), f"the bind's host path {host} does "
+                                 "not exist", "create it, or correct the path (a relative one is from the lab "
+                                 "file's directory)")
+
+
 def node_view(b, node: model.Node) -> dict:
     """What a node file template sees of its node."""
     def port(i: model.Interface) -> dict:
