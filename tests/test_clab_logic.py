@@ -275,3 +275,18 @@ def test_a_label_key_with_a_newline_stays_inside_its_comment(tmp_path):
     f.write_text(text)
     out, _, _ = render_topology(f)
     assert "# note:" in out and not any(line.startswith("routing") for line in out.splitlines()), out
+
+
+def test_an_export_of_a_running_import_adds_each_address_once():
+    """containerlab trial: a running containerlab lab, exported, added every address twice (the one
+    learned back from the kernel, and the node's own exec line), and came up nowhere again."""
+    plan = plan_of(CLAB / "routed.clab.yml")
+    learned = {("h1", "eth1"): "10.10.1.2/24", ("r1", "eth1"): "10.10.1.1/24", ("r1", "eth2"): "10.10.2.1/24",
+               ("h2", "eth1"): "10.10.2.2/24"}
+    for n in plan.nodes:                      # as software.learn_addresses fills them in after up
+        for i in n.interfaces:
+            i.address = learned.get((n.name, i.name), i.address)
+    from labctl.exports import clab
+    text = clab.export(plan)
+    for address in learned.values():
+        assert text.count(f"add {address} ") == 1, (address, text)

@@ -125,7 +125,9 @@ def _node(plan: LabPlan, n: Node, routes: list, agent: bool | None = None) -> di
         lines.append("ip link add br0 type bridge")
         lines += [f"ip link set dev {i.name} master br0" for i in n.interfaces]
         lines.append("ip link set dev br0 up")
-    lines += [f"ip address add {i.address} dev {i.name}" for i in n.interfaces if i.address]
+    # a node numbered by its own exec lines (`addresses: none`, as a containerlab import is) keeps
+    # them below: the addresses a running lab learned back from it would be added twice
+    lines += [f"ip address add {i.address} dev {i.name}" for i in n.interfaces if i.address and n.numbered]
     if n.loopback:
         lines.append(f"ip address add {n.loopback} dev lo")
     for r in routes:
