@@ -290,3 +290,23 @@ def test_an_export_of_a_running_import_adds_each_address_once():
     text = clab.export(plan)
     for address in learned.values():
         assert text.count(f"add {address} ") == 1, (address, text)
+
+
+def test_gpus_behind_routers_labctl_does_not_route_get_a_located_fix_not_a_traceback(tmp_path):
+    """containerlab trial: GPUs labelled in a file whose routers forward by their own exec lines
+    (or FRR) ended `labctl run` in `ValueError: no path from h1:eth1 to h2`."""
+    from labctl.traffic.fabricmap import FabricMap
+    text = (CLAB / "routed.clab.yml").read_text()
+    text = text.replace("    h1:\n", "    h1:\n      labels: {labctl.kind: gpu, labctl.rank: '0'}\n")
+    text = text.replace("    h2:\n", "    h2:\n      labels: {labctl.kind: gpu, labctl.rank: '1'}\n")
+    f = tmp_path / "gpus.clab.yml"
+    f.write_text(text)
+    plan = plan_of(f)
+    h1, h2 = plan.node("h1"), plan.node("h2")
+    with pytest.raises(LabError) as err:
+        FabricMap(plan).hops(h1, h2)
+    assert "r1 is not a switch or router to labctl" in str(err.value) and "labctl.kind: switch" in err.value.fix
+    labelled = text.replace("    r1:\n", "    r1:\n      labels: {labctl.kind: switch}\n")
+    f.write_text(labelled)
+    plan = plan_of(f)
+    assert sum(FabricMap(plan).hops(plan.node("h1"), plan.node("h2")).values()) == 2

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import deque
 from functools import lru_cache
 
+from labctl.errors import LabError
 from labctl.plan.model import LabPlan, Link, Node
 from labctl.plan.routing import routing_domains
 from labctl.traffic import roce
@@ -132,7 +133,14 @@ class FabricMap:
                 parent[peer] = (n, lid)
                 todo.append(peer)
         if b.name not in parent:
-            raise ValueError(f"no path from {a.name}:{ia.name} to {b.name}")
+            # labctl follows a path only through the nodes it knows forward (switches, routers it
+            # routes): a containerlab file's FRR routers, or nodes that route by their own exec lines,
+            # are end hosts to it unless their labels say otherwise
+            hosts = sorted({n for n in parent if n != a.name and not self.nodes[n].switching})
+            raise LabError(f"no path labctl can follow from {a.name}:{ia.name} to {b.name}: "
+                           f"{', '.join(hosts[:4]) or ia.peer_node} {'is' if len(hosts) == 1 else 'are'} not a switch "
+                           "or router to labctl", "if they forward (FRR, or routes set by exec: lines), label them "
+                           "`labels: {labctl.kind: switch}` in the containerlab file (docs/containerlab.md)")
         out, delay = zeros(), 0
         n = b.name
         while n != a.name:
