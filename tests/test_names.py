@@ -18,3 +18,17 @@ def test_with_several_labs_up_the_fix_offers_each_not_the_first_by_name(monkeypa
     with pytest.raises(LabError) as err:
         labs.default_lab(None)
     assert err.value.fix.startswith("say which: --lab clfrr01 or --lab ls (")
+
+
+def test_a_node_named_as_a_containerlab_file_wrote_it_is_found():
+    """containerlab trial: `labctl exec PC1` was refused: the import had named the node pc1."""
+    from pathlib import Path
+    import pytest
+    from labctl.errors import LabError
+    from labctl.lifecycle import targets
+    from labctl.plan.compile import compile_plan
+    from labctl.topology.load import load_topology
+    plan = compile_plan(load_topology(Path(__file__).resolve().parents[1] / "topologies" / "leaf-spine.yml"))
+    assert targets.node(plan, "LEAF1").name == "leaf1" and targets.node(plan, "Srv1-GPU0").name == "srv1-gpu0"
+    with pytest.raises(LabError):
+        targets.node(plan, "leaf9")

@@ -12,10 +12,16 @@ def node(plan: LabPlan, name: str) -> Node:
     try:
         return plan.node(name)
     except KeyError:
-        wires = [f"wire{lk.id}.a" for lk in plan.links if lk.wire]
-        raise LabError(f"lab {plan.lab!r} has no node {name!r}",
-                       f"`labctl status {plan.lab}` lists the nodes"
-                       + (f"; WAN line ends: {', '.join(wires)} (.a/.b)" if wires else "")) from None
+        pass
+    # a containerlab file's PC1 is pc1 here (names are lower case): the name as the file wrote it
+    # still names it, when no other node differs from it only in case
+    same = [n for n in plan.nodes if n.name.casefold() == name.casefold()]
+    if len(same) == 1:
+        return same[0]
+    wires = [f"wire{lk.id}.a" for lk in plan.links if lk.wire]
+    raise LabError(f"lab {plan.lab!r} has no node {name!r}",
+                   f"`labctl status {plan.lab}` lists the nodes"
+                   + (f"; WAN line ends: {', '.join(wires)} (.a/.b)" if wires else ""))
 
 
 def port(plan: LabPlan, spec: str, need_port: bool = True) -> tuple[Node, Interface | None]:

@@ -32,7 +32,9 @@ OP_TAGS = 1 << (32 - ID_BITS)
 def gpu_ranks(plan: LabPlan) -> dict[int, Node]:
     ranks = {n.rank: n for n in plan.nodes if node_kind(n.kind).holds_rank and n.rank is not None}
     if not ranks:
-        raise LabError(f"lab {plan.lab!r} has no GPU nodes to run traffic on", "add nodes of kind gpu")
+        raise LabError(f"lab {plan.lab!r} has no GPU nodes to run traffic on",
+                       "add nodes of kind gpu (in a containerlab file: `labels: {labctl.kind: gpu, labctl.rank: "
+                       "'0'}` on each, ranks from 0; docs/containerlab.md)")
     return dict(sorted(ranks.items()))
 
 
