@@ -69,8 +69,12 @@ def export(plan: LabPlan, strict: bool = False, agents: bool = False) -> str:
     nodes = {n.name: _node(plan, n, routes[n.name], (n.name in served) if agents else None) for n in plan.nodes}
     links = [{"endpoints": [lk.a, lk.b]} for lk in plan.links]
     doc = {"name": plan.lab, "topology": {"nodes": nodes, "links": links}}
+    # every labctl image the file names (a BGP lab's FRR too), built before containerlab deploys it
+    own = sorted({v["image"].split("/", 1)[1].split(":")[0] for v in nodes.values()
+                  if v["image"].startswith("labctl/")})
+    builds = " && ".join(f"labctl image build {name}" for name in own)
     header = [f"# lab {plan.lab!r}, exported by `labctl export --format clab`.",
-              f"#   labctl image build host && sudo containerlab deploy -t {plan.lab}.clab.yml",
+              f"#   {builds + ' && ' if builds else ''}sudo containerlab deploy -t {plan.lab}.clab.yml",
               "# Each node's exec: lines set its sysctls, addresses, routes and shaping, as labctl does."]
     if served:
         header += [f"# PFC, ECN and the traffic classes: {len(served)} nodes run labctl's switch agent (their last",
