@@ -65,6 +65,20 @@ def status(lab, as_json):
                   highlight=False)
 
 
+@cli.command(hidden=True)
+@click.argument("lab", required=False)
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@click.pass_context
+def inspect(ctx, lab, as_json):
+    """containerlab's `clab inspect`: labctl's is `labctl status` (this runs it).
+
+    \b
+    Example:
+      labctl inspect ls        # the same as: labctl status ls
+    """
+    ctx.forward(status)
+
+
 @cli.command(name="exec", context_settings={"ignore_unknown_options": True})
 @click.argument("node")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
