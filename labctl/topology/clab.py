@@ -167,7 +167,10 @@ def _node(name: str, spec: dict, kinds: dict, defaults: dict, groups: dict, smap
                          "add `kind: linux` (or set it in its group or topology.defaults.kind)")
     mapped = maps.kinds.get(kind) if isinstance(kind, str) else None
     if kind not in KIND_MAP and mapped is None:
-        _refuse_kind(name, kind, smap.where(where + ("kind",)))
+        # located where the kind was written: the node, its group, or topology.defaults
+        at = where + ("kind",) if "kind" in spec else ("topology", "groups", group_name, "kind") \
+            if "kind" in group else ("topology", "defaults", "kind")
+        _refuse_kind(name, kind, smap.where(at))
     level = [defaults, _mapping(kinds.get(kind), smap, ("topology", "kinds", kind)), group, spec]
     _typed(level[1], ("topology", "kinds", kind), smap)
     ats = (("topology", "defaults"), ("topology", "kinds", kind), ("topology", "groups", group_name), where)
@@ -319,7 +322,10 @@ def _refuse_kind(name: str, kind, where) -> None:
         what, alt = "containerlab's host kind (the machine itself), which labctl never cables", \
             "a `kind: linux` node instead: labctl keeps every lab inside its own namespaces"
         raise InputError(where, f"node {name!r} is of kind {kind!r}, {what}", f"use {alt}")
+    import difflib
+    near = difflib.get_close_matches(str(kind), list(KIND_MAP), n=1) if what.startswith("a kind") else []
     raise InputError(where, f"node {name!r} is of kind {kind!r}, {what}",
+                     (f"did you mean {near[0]!r}? Otherwise " if near else "") +
                      f"run the topology's shape with `--kind-map {kind}=frr` (a Linux router on labctl/frr) or "
                      f"`--kind-map {kind}=linux` (a plain namespace); its own configuration is not translated. "
                      f"Or use {NOS_ALTERNATIVE}")
