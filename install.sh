@@ -64,8 +64,9 @@ fi
 # python3 it imports under. docker.io and debootstrap for container nodes and the images labctl
 # builds from Debian packages (`labctl image build`). Nothing here starts a daemon on a machine
 # without systemd (Open vSwitch comes along unused; labctl starts dockerd when a lab needs it).
+# strace for the tests only: the prompt's test widens CPython readline's Ctrl-C window with it.
 packages=(iproute2 tcpdump tshark ethtool nftables iputils-ping procps python3 python3-venv python3-pip
-          mininet bridge-utils docker.io debootstrap)
+          mininet bridge-utils docker.io debootstrap strace)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -216,6 +216,31 @@ class Prompt(cmd.Cmd):
     def emptyline(self):
         pass
 
+    # -- Ctrl-C at the prompt's own line -----------------------------------------------------------
+    # CPython's readline waits in select() with no timeout and looks at signals only when select()
+    # is interrupted: a Ctrl-C typed between the prompt's printing and that select() is seen only
+    # at the next key (the prompt sat 30 s in ci73 and ci81). A tick while the prompt waits
+    # interrupts select(), and the pending KeyboardInterrupt is raised within TICK seconds.
+    TICK = 0.1
+
+    def preloop(self):
+        import signal
+        signal.signal(signal.SIGALRM, lambda signum, frame: None)
+        signal.setitimer(signal.ITIMER_REAL, self.TICK, self.TICK)
+
+    def precmd(self, line):
+        import signal
+        signal.setitimer(signal.ITIMER_REAL, 0)        # a node's command runs without the tick
+        return line
+
+    def postcmd(self, stop, line):
+        if not stop:
+            self.preloop()
+        return stop
+
+    def postloop(self):
+        self.precmd("")
+
     def onecmd(self, line):
         try:
             return super().onecmd(line)
@@ -298,6 +323,7 @@ def cli_(lab, commands):
                 prompt.say("")
                 prompt.intro = None
     finally:
+        prompt.postloop()
         prompt.stop_background()
         if readline is not None:
             n = readline.get_current_history_length()
