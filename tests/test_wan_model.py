@@ -77,3 +77,16 @@ def test_the_replica_all_reduce_bursts_12_6_mb_into_the_dci_router_per_phase():
     peak = per_phase * (1 - 400e9 / arrival)
     assert peak == pytest.approx(6.3e6, rel=0.01)
     assert 2 * 2_000_000 < peak < qos.bdp_bytes(400 * 10**9, 100 * 4900)    # drops at 2 MB, not at the BDP
+
+
+def test_a_run_whose_wan_queue_never_filled_is_said_to_test_no_buffer():
+    from labctl.experiment.wan import unfilled_queues
+    metrics = {"nocc@2MB": {"wan_max_depth": 2_000_000, "wan_drops": 310},      # filled and dropped
+               "nocc@bdp": {"wan_max_depth": 30_000, "wan_drops": 0},          # never filled
+               "nocc@64MB": {"wan_max_depth": 6_300_000, "wan_drops": 0},
+               "dcqcn@2MB": {"wan_max_depth": 2_000_000, "wan_drops": 12},
+               "dcqcn@64MB": {"wan_max_depth": 900_000, "wan_drops": 0},       # DCQCN's own runs compared
+               "tcp": {"time_s": 3.0}}                                         # no WAN metrics: no note
+    notes = unfilled_queues(metrics)
+    assert list(notes) == ["nocc@bdp"]
+    assert "0.03 MB" in notes["nocc@bdp"] and "nocc@64MB's 6.30 MB" in notes["nocc@bdp"]

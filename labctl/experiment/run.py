@@ -141,17 +141,19 @@ def run_experiment(path: Path, out: Path, say=lambda msg: print(msg, file=sys.st
     doc = {"experiment": exp.name, "description": exp.description.strip(), "metrics": metrics,
            "expectations": checks, "passed": all(c["passed"] for c in checks), "plots": figures,
            "captures": captures, "runs": {k: str(v.relative_to(out)) for k, v in runs.items()},
-           "summary_plot": "summary.png" if exp.figure else None, "notes": run_notes(runs)}
+           "summary_plot": "summary.png" if exp.figure else None, "notes": run_notes(runs, metrics)}
     (out / "experiment.json").write_text(json.dumps(doc, indent=1))
     from labctl.experiment.report import write_report
     write_report(out, exp, doc)
     return doc
 
 
-def run_notes(runs: dict[str, Path]) -> dict[str, list[str]]:
+def run_notes(runs: dict[str, Path], metrics: dict[str, dict]) -> dict[str, list[str]]:
     """What each run's results say in words: where ECMP put a ring's hops (and which collided),
-    and what reordering did."""
+    what reordering did, and whether its WAN queue filled at all."""
+    from labctl.experiment.wan import unfilled_queues
     from labctl.traffic.report import reordering_line
+    unfilled = unfilled_queues(metrics)
     out = {}
     for name, run_dir in runs.items():
         doc = json.loads((run_dir / "results.json").read_text())
@@ -163,6 +165,8 @@ def run_notes(runs: dict[str, Path]) -> dict[str, list[str]]:
             notes.append(placement["note"])
         if doc.get("reordering"):
             notes.append(reordering_line(doc["reordering"]).lstrip("# "))
+        if name in unfilled:
+            notes.append(unfilled[name])
         if notes:
             out[name] = notes
     return out
