@@ -39,8 +39,9 @@ class Burners:
             p.wait()
 
 
-def assert_lossless(doc: dict, incasts: int = 1) -> None:
-    """`doc`: one run of `incasts` incasts back to back."""
+def assert_lossless(doc: dict, incasts: int = 1, lab=None) -> None:
+    """`doc`: one run of `incasts` incasts back to back; `lab` (state.lab_dir), whose controller's
+    slow steps a failure shows."""
     ops = [(r["iteration"], r["wrong"], r["timed_out"]) for r in doc["results"]]
     assert len(ops) == incasts and all(wrong == 0 and not timed_out for _, wrong, timed_out in ops), ops
     where = f"{incasts} incast(s)"
@@ -57,9 +58,22 @@ def assert_lossless(doc: dict, incasts: int = 1) -> None:
     # the headroom is sized for the controller's reaction; what the machine stalled every process for
     # (stallwatch: CI's host once did for 33-46 ms) is taken out and reported, never excused silently:
     # 0 loss above is asserted whatever the machine did
-    assert react["reads"] > 100 * incasts and react["controller_within_headroom"], (where, react)
+    assert react["reads"] > 100 * incasts and react["controller_within_headroom"], \
+        f"{where}: {react} {slow_steps(lab)}"     # a string: pytest shortens any other message
     if not react["within_headroom"]:
         print(f"{where}: {react}")
+
+
+def slow_steps(lab) -> dict:
+    """What the controller said about its slow steps and reads (pfc.json) and its log's last lines:
+    where a slow reaction's time went."""
+    if lab is None:
+        return {}
+    from labctl.telemetry import agentreport
+    doc = agentreport.load(lab.path) or {}
+    log = lab.path / "controller.log"
+    return {"slow_steps": doc.get("slow_steps", [])[-12:], "long_reads": doc.get("long_reads", [])[-12:],
+            "log": log.read_text(errors="replace").splitlines()[-15:] if log.exists() else []}
 
 
 @pytest.mark.parametrize("burners, reads, placement", [(0, "auto", "lab"), (2, "auto", "lab"), (2, "poll", "lab"),
@@ -82,7 +96,7 @@ def test_the_bundled_incast_loses_nothing_twenty_times_in_a_row(built_lab, tmp_p
     workload = tmp_path / "incast.yml"
     workload.write_text(INCAST.read_text() + f"iterations: {RUNS}\n")
     with Burners(burners):
-        assert_lossless(run_workload(plan, lab, load_workload(workload), tmp_path / "run"), RUNS)
+        assert_lossless(run_workload(plan, lab, load_workload(workload), tmp_path / "run"), RUNS, lab)
 
 
 # every hop of both kinds of path into the incast root: NVLink (srv1-gpu2 -> srv1-nvs -> srv1-gpu0)
