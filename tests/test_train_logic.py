@@ -39,8 +39,24 @@ def test_tp_all_reduce_bytes_per_rank_follow_2_n_minus_1_over_n():
     s_bytes = cfg.activation_bytes * cfg.scale // 4 * 4
     layers = 2
     per_rank = 4 * layers * cfg.micro_batches * 2 * 3 / 4 * s_bytes   # 4 all-reduces per layer and mb
+    # Megatron-LM's scatter-gather: each stage receives every micro-batch once (stage 1 forward,
+    # stage 0 backward) as 1/tp shares, and all-gathers it over tp: (tp-1)/tp of b*s*h per rank
+    per_rank += cfg.micro_batches * 3 / 4 * s_bytes
     got = sent_by(b.transfers, "tp")
     assert len(got) == len(b.ranks) and all(v == pytest.approx(per_rank, rel=1e-3) for v in got.values())
+
+
+def test_only_a_received_micro_batch_is_all_gathered_and_not_with_sequence_parallel():
+    def tp_bytes(**kw):
+        return sum(sent_by(build_step(step(**kw), list(range(16))).transfers, "tp").values())
+    one = step(tp=4, pp=1, micro_batches=2)
+    all_reduces = 16 * 4 * 4 * 2 * 2 * 3 / 4 * (one.activation_bytes * one.scale // 4 * 4)
+    assert tp_bytes(tp=4, pp=1, micro_batches=2) == pytest.approx(all_reduces, rel=1e-3)   # no stage receives
+    # pp=4: the two middle stages receive both ways, the end stages one way: 6 receptions of m per dp replica
+    with_gathers = tp_bytes(tp=2, pp=4, dp=2, micro_batches=2)
+    sp = tp_bytes(tp=2, pp=4, dp=2, micro_batches=2, sequence_parallel=True)
+    s_bytes = one.activation_bytes * one.scale // 2 * 2
+    assert with_gathers - sp == pytest.approx(2 * 6 * 2 * 2 * 1 / 2 * s_bytes, rel=1e-3)
 
 
 def test_sequence_parallel_sends_the_same_tp_bytes_as_all_reduce():

@@ -114,6 +114,8 @@ def step_bytes(cfg: TrainStep, cl: Cluster) -> tuple[dict, dict]:
     per_dst = [z["act"] / d.tp * m.top_k * q for q in loads]
     for s in range(d.pp):
         ring("tp", g["tp"][s], z["act"], 2 * 4 * layers * mb)     # 4 all-reduces per layer and micro-batch
+        if not cfg.sequence_parallel:       # a received micro-batch's 1/tp shares all-gathered
+            ring("tp", g["tp"][s], z["act"], mb * ((s > 0) + (s < d.pp - 1)))
         if loads:
             for grp in g["ep"][s]:
                 for i, a in enumerate(grp):
@@ -225,8 +227,11 @@ def step_time(cfg: TrainStep, cl: Cluster) -> dict:
     for s, pairs in g["pp"].items():
         f = max((cl.fabric(a, b) for a, b in pairs), key=FABRICS.index)
         p2p[s] = cl.alpha_s + cl.latency_s[f] + z["act"] / d.tp / cl.Bps[f]
-    fwd = {s: f_compute + tp[s] + ep[s] for s in range(d.pp)}
-    bwd = {s: 2 * f_compute + tp[s] + ep[s] for s in range(d.pp)}
+    # without sequence parallelism a received micro-batch is all-gathered over tp before it is used
+    gather = {s: 0.0 if cfg.sequence_parallel else _ring_time(cl, rings["tp"][s], z["act"], 1, 1)
+              for s in range(d.pp)}
+    fwd = {s: f_compute + tp[s] + ep[s] + (gather[s] if s > 0 else 0.0) for s in range(d.pp)}
+    bwd = {s: 2 * f_compute + tp[s] + ep[s] + (gather[s] if s < d.pp - 1 else 0.0) for s in range(d.pp)}
     end = _one_f_one_b(d.pp, cfg.micro_batches, fwd, bwd, p2p)
     shard = cfg.dp_shard or d.dp
     step, dp_s = 0.0, {}

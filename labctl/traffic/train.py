@@ -5,11 +5,13 @@ all-to-all, the experts and a combine all-to-all); each block ends in a tensor-p
 of b*s*h bytes (with sequence parallelism an all-gather before it and a reduce-scatter after,
 the same bytes). Backward mirrors it: two more all-reduces per layer, the all-to-alls again.
 Between stages 1F1B sends each micro-batch's activations forward and their gradients back; every
-tp rank sends its 1/tp of them (Megatron's scatter-gather), so a boundary carries b*s*h per micro-
-batch and direction. After the last backward the data-parallel ranks reduce-scatter the gradients
-of their stage's shard, all-reduce it across replicas (HSDP, when dp_shard < dp) and all-gather the
-updated parameters (ZeRO / the distributed optimizer). Expert weights do the same over the dp/ep
-ranks that hold the same experts.
+tp rank sends its 1/tp of them, so a boundary carries b*s*h per micro-batch and direction. Without
+sequence parallelism the receiving stage then all-gathers them over its tp group (Megatron-LM's
+scatter-gather); with it the 1/tp is the rank's own sequence shard, and no all-gather follows.
+After the last backward the data-parallel ranks reduce-scatter the gradients of their stage's
+shard, all-reduce it across replicas (HSDP, when dp_shard < dp) and all-gather the updated
+parameters (ZeRO / the distributed optimizer). Expert weights do the same over the dp/ep ranks
+that hold the same experts.
 
 A rank computes for a block's FLOPs (2 x params x tokens forward, twice that backward, split over
 tp) at peak x MFU; the lab plays that time scaled by dilation x size scale, the same factors the
@@ -159,6 +161,8 @@ def build_step(cfg: TrainStep, ranks: list[int], slice_bytes: int = sch.DEFAULT_
         for ts in sent.values():
             for t in ts:
                 b.deps[t.dst].append(t.id)
+        if not cfg.sequence_parallel:        # the received 1/tp shares made whole again
+            b.collective("all_gather", tp_groups[s], int(act), "tp")
 
     def tp_block(s: int, seconds: float) -> None:
         if cfg.sequence_parallel:

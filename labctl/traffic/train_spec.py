@@ -9,7 +9,7 @@
       micro_batches: 4
       micro_batch_size: 1
       seq_len: 4096
-      sequence_parallel: false   # tp as all-gather + reduce-scatter instead of all-reduce
+      sequence_parallel: false   # tp as all-gather + reduce-scatter instead of all-reduce, no gather of pp's receipts
       skew: uniform              # MoE routing: uniform, zipf:<s> or one weight per expert
       dp_shard: 2                # HSDP: shard over 2 dp ranks, all-reduce across the replicas
       dtype: bf16
@@ -100,7 +100,8 @@ class TrainSpec(BaseModel):
     seq_len: int = Field(4096, ge=1, le=1 << 20, description=_help(
         "the tokens of a sequence, a whole number from 1 to 1048576", "seq_len: 4096"))
     sequence_parallel: bool = Field(False, description=_help(
-        "a switch, true for tp as all-gather + reduce-scatter or false for all-reduce", "sequence_parallel: true"))
+        "a switch, true for tp as all-gather + reduce-scatter (and pipeline receipts kept as 1/tp shards) or false "
+        "for all-reduce (and each received micro-batch all-gathered over tp)", "sequence_parallel: true"))
     skew: Annotated[str | list[float], BeforeValidator(_skew)] = Field("uniform", description=_help(
         "the MoE routing: uniform, zipf:<s> or a list of one weight per expert", "skew: zipf:1.2"))
     dp_shard: int | None = Field(None, ge=1, description=_help(
