@@ -90,3 +90,15 @@ def test_a_run_whose_wan_queue_never_filled_is_said_to_test_no_buffer():
     notes = unfilled_queues(metrics)
     assert list(notes) == ["nocc@bdp"]
     assert "0.03 MB" in notes["nocc@bdp"] and "nocc@64MB's 6.30 MB" in notes["nocc@bdp"]
+
+
+def test_frontend_drops_count_only_the_frontend_fabrics_ports():
+    from labctl.experiment.metrics import frontend_ports
+    from labctl.plan.compile import compile_plan
+    from labctl.topology.load import load_topology
+    plan = compile_plan(load_topology(Path(__file__).resolve().parents[1] / "topologies/ai-cluster.yml", []))
+    ports = frontend_ports(plan)
+    assert ("fe-leaf1", "stor1") in ports and ("stor1", "fe-leaf1") in ports and ("srv1-gpu0", "fe-leaf1") in ports
+    assert not any(node in ("leaf1", "spine1") for node, _ in ports)          # the backend's switches
+    gpu_ports = {p for n, p in ports if n == "srv1-gpu0"}
+    assert gpu_ports == {"fe-leaf1"}                                          # its backend NIC is not

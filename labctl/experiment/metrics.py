@@ -97,6 +97,7 @@ def run_metrics(plan: LabPlan, run_dir: Path, wan_bytes: float = 0.0) -> dict[st
     deltas = queue_deltas(run_dir)
     lossless = {(n.name, i.name, c.name) for n in plan.nodes for i in n.interfaces for c in i.shaping.classes
                 if c.lossless}
+    frontend = frontend_ports(plan)
     flows = doc.get("flows", [])
     span = (max(f["start_s"] + f["seconds"] for f in flows) - min(f["start_s"] for f in flows)) if flows else 0
     main = results
@@ -113,6 +114,7 @@ def run_metrics(plan: LabPlan, run_dir: Path, wan_bytes: float = 0.0) -> dict[st
         "ce_marks": sum(q["ce"] for q in rx),
         "drops": sum(d["drops"] for d in deltas.values()),
         "lossless_drops": sum(d["drops"] for k, d in deltas.items() if k in lossless),
+        "frontend_drops": sum(d["drops"] for k, d in deltas.items() if k[:2] in frontend),
         "ecn_marked": sum(d["ecn_marked"] for d in deltas.values()),
         "pfc_tx": sum(d["pfc_tx"] for d in deltas.values()),
         "pfc_rx": sum(d["pfc_rx"] for d in deltas.values()),
@@ -130,6 +132,12 @@ def run_metrics(plan: LabPlan, run_dir: Path, wan_bytes: float = 0.0) -> dict[st
         **wan.wan_metrics(plan, deltas),
         **train_metrics(plan, run_dir, doc),
     }
+
+
+def frontend_ports(plan: LabPlan) -> set[tuple[str, str]]:
+    """(node, port) of every port on a frontend fabric (lossy: storage, checkpoints, management)."""
+    return {(n.name, i.name) for n in plan.nodes for i in n.interfaces
+            if i.fabric in plan.fabrics and fabric_kind(plan.fabrics[i.fabric].kind).name == "frontend"}
 
 
 def train_metrics(plan: LabPlan, run_dir: Path, doc: dict) -> dict[str, float]:

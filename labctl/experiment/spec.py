@@ -44,6 +44,7 @@ METRICS = {
     "ce_marks": "CE-marked RoCE packets seen by receivers",
     "drops": "packets dropped by any queue during the run",
     "lossless_drops": "packets dropped by lossless-class queues during the run",
+    "frontend_drops": "packets dropped by the frontend fabric's queues (lossy) during the run",
     "ecn_marked": "packets switches marked CE during the run",
     "pfc_tx": "PFC frames sent during the run",
     "pfc_rx": "PFC frames received during the run",
