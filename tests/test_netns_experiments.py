@@ -158,6 +158,9 @@ def test_capture_command_writes_pcapng_until_interrupted(built_lab, lab_name, st
             subprocess.run(["pkill", "-KILL", "-P", str(p.pid)], check=False)
             p.kill()
         p.wait()
+    err = p.stderr.read()
+    # labctl names the file; dumpcap's "File: -" (it writes to labctl's pipe) would contradict it
+    assert f"capturing leaf1:srv1-gpu0 to {out}" in err and "File: -" not in err, err
     rows = tshark(out, "frame.protocols", "icmp.type", "icmp.seq")
     assert open(out, "rb").read(4) == b"\x0a\x0d\x0d\x0a"            # pcapng section header
     assert [r[1] for r in rows].count("8") == 3 and all("icmp" in r[0] for r in rows), rows

@@ -215,10 +215,11 @@ def capture(target, bpf, out, snaplen, lab_name):
     signal.signal(signal.SIGINT, signal.default_int_handler)
     out_fd = None if path == "-" else open_output(path)
     try:
-        p = subprocess.Popen(command(ns, port, snaplen, " ".join(bpf)), stdout=out_fd)
+        p = subprocess.Popen(command(ns, port, snaplen, " ".join(bpf)), stdout=out_fd, stderr=subprocess.PIPE)
     finally:
         if out_fd is not None:
             os.close(out_fd)
+    relay = _pass_stderr(p)
     try:
         code = p.wait()
     except (KeyboardInterrupt, SystemExit) as stop:    # Ctrl-C, or SIGTERM (the CLI's handler)
@@ -235,6 +236,23 @@ def capture(target, bpf, out, snaplen, lab_name):
             raise
     else:
         raise SystemExit(code)
+    finally:
+        relay.join(timeout=2)      # dumpcap's last words, before this process may exit
+
+
+def _pass_stderr(p):
+    """dumpcap's messages, but its "File: -": labctl, not dumpcap, names the file (it writes to our pipe)."""
+    import sys
+    import threading
+
+    def relay():
+        for line in p.stderr:
+            if line.strip() != b"File: -":
+                sys.stderr.buffer.write(line)
+                sys.stderr.flush()
+    thread = threading.Thread(target=relay, daemon=True)
+    thread.start()
+    return thread
 
 
 @cli.command(name="lb")
