@@ -87,9 +87,14 @@ def test_a_run_whose_wan_queue_never_filled_is_said_to_test_no_buffer():
                "dcqcn@2MB": {"wan_max_depth": 2_000_000, "wan_drops": 12},
                "dcqcn@64MB": {"wan_max_depth": 900_000, "wan_drops": 0},       # DCQCN's own runs compared
                "tcp": {"time_s": 3.0}}                                         # no WAN metrics: no note
-    notes = unfilled_queues(metrics)
+    notes = unfilled_queues(metrics, "wan_buffer")
     assert list(notes) == ["nocc@bdp"]
-    assert "0.03 MB" in notes["nocc@bdp"] and "nocc@64MB's 6.30 MB" in notes["nocc@bdp"]
+    assert "30.0 kB" in notes["nocc@bdp"] and "nocc@64MB's 6.30 MB" in notes["nocc@bdp"]
+    # a sweep over something else (TE modes, distances): a shallow queue is its answer, no note
+    assert unfilled_queues(metrics, "te") == {} and unfilled_queues(metrics, None) == {}
+    # a run whose lab carried nothing over a WAN (zones=1) gets no WAN note
+    metrics["nocc@bdp"]["wan_port_bytes"] = 0
+    assert unfilled_queues(metrics, "wan_buffer") == {}
 
 
 def test_frontend_drops_count_only_the_frontend_fabrics_ports():

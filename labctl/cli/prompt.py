@@ -27,6 +27,7 @@ from pathlib import Path
 import click
 
 from labctl.cli.base import cli
+from labctl.cli.tick import CtrlCTick
 from labctl.errors import LabError
 
 SHELL_WORDS = ("|", "||", "&&", ">", ">>", "<", "2>", "2>&1", "&")   # what only a shell would read
@@ -37,7 +38,7 @@ CHILD = ("import os, sys; from labctl.cli import main; os.chdir(sys.argv[1]); "
          "sys.argv = ['labctl'] + sys.argv[2:]; main()")
 
 
-class Prompt(cmd.Cmd):
+class Prompt(CtrlCTick, cmd.Cmd):
     prompt = "labctl> "
 
     def __init__(self, lab, stdout=None):
@@ -215,31 +216,6 @@ class Prompt(cmd.Cmd):
 
     def emptyline(self):
         pass
-
-    # -- Ctrl-C at the prompt's own line -----------------------------------------------------------
-    # CPython's readline waits in select() with no timeout and looks at signals only when select()
-    # is interrupted: a Ctrl-C typed between the prompt's printing and that select() is seen only
-    # at the next key (the prompt sat 30 s in ci73 and ci81). A tick while the prompt waits
-    # interrupts select(), and the pending KeyboardInterrupt is raised within TICK seconds.
-    TICK = 0.1
-
-    def preloop(self):
-        import signal
-        signal.signal(signal.SIGALRM, lambda signum, frame: None)
-        signal.setitimer(signal.ITIMER_REAL, self.TICK, self.TICK)
-
-    def precmd(self, line):
-        import signal
-        signal.setitimer(signal.ITIMER_REAL, 0)        # a node's command runs without the tick
-        return line
-
-    def postcmd(self, stop, line):
-        if not stop:
-            self.preloop()
-        return stop
-
-    def postloop(self):
-        self.precmd("")
 
     def onecmd(self, line):
         try:

@@ -141,19 +141,19 @@ def run_experiment(path: Path, out: Path, say=lambda msg: print(msg, file=sys.st
     doc = {"experiment": exp.name, "description": exp.description.strip(), "metrics": metrics,
            "expectations": checks, "passed": all(c["passed"] for c in checks), "plots": figures,
            "captures": captures, "runs": {k: str(v.relative_to(out)) for k, v in runs.items()},
-           "summary_plot": "summary.png" if exp.figure else None, "notes": run_notes(runs, metrics)}
+           "summary_plot": "summary.png" if exp.figure else None, "notes": run_notes(runs, metrics, exp.sweep.var if exp.sweep else None)}
     (out / "experiment.json").write_text(json.dumps(doc, indent=1))
     from labctl.experiment.report import write_report
     write_report(out, exp, doc)
     return doc
 
 
-def run_notes(runs: dict[str, Path], metrics: dict[str, dict]) -> dict[str, list[str]]:
+def run_notes(runs: dict[str, Path], metrics: dict[str, dict], sweep_var: str | None = None) -> dict[str, list[str]]:
     """What each run's results say in words: where ECMP put a ring's hops (and which collided),
     what reordering did, and whether its WAN queue filled at all."""
     from labctl.experiment.wan import unfilled_queues
     from labctl.traffic.report import reordering_line
-    unfilled = unfilled_queues(metrics)
+    unfilled = unfilled_queues(metrics, sweep_var)
     out = {}
     for name, run_dir in runs.items():
         doc = json.loads((run_dir / "results.json").read_text())

@@ -26,24 +26,32 @@ def wan_metrics(plan: LabPlan, deltas: dict) -> dict[str, float]:
     }
 
 
-def unfilled_queues(metrics: dict[str, dict]) -> dict[str, str]:
-    """A note for each run whose WAN queue never filled: its peak under a quarter of the deepest
-    among the runs of the same step (nocc@2MB, nocc@bdp, ...) and no WAN drop. Its senders stayed
-    under the WAN's rate (their own pace, or congestion control), so the run did not test the WAN's
-    buffer, whatever its size; a sweep over buffers reads wrong without saying so."""
+def unfilled_queues(metrics: dict[str, dict], sweep_var: str | None) -> dict[str, str]:
+    """In a sweep over a buffer (wan_buffer, ...), a note for each run whose WAN queue never
+    filled: its peak under a quarter of the deepest among the runs of the same step (nocc@2MB,
+    nocc@bdp, ...) and no WAN drop. Its senders stayed under the WAN's rate (their own pace, or
+    congestion control), so the run did not test the WAN's buffer, whatever its size; a sweep over
+    buffers reads wrong without saying so. Elsewhere (a sweep over TE modes or distances) a shallow
+    queue is the answer, not a caveat."""
+    if not sweep_var or "buffer" not in sweep_var:
+        return {}
     steps: dict[str, dict[str, float]] = {}
     for name, m in metrics.items():
-        if "wan_max_depth" in m:
+        if "wan_max_depth" in m and m.get("wan_port_bytes", 1) > 0:      # a run with no WAN traffic: no note
             steps.setdefault(name.split("@")[0], {})[name] = m["wan_max_depth"]
     out = {}
     for depths in steps.values():
         top = max(depths, key=depths.get)
         for name, depth in depths.items():
             if depth < depths[top] / 4 and not metrics[name].get("wan_drops"):
-                out[name] = (f"its WAN queue peaked at {depth / 1e6:.2f} MB, under a quarter of {top}'s "
-                             f"{depths[top] / 1e6:.2f} MB, and dropped nothing: the burst did not form, "
+                out[name] = (f"its WAN queue peaked at {_size(depth)}, under a quarter of {top}'s "
+                             f"{_size(depths[top])}, and dropped nothing: the burst did not form, "
                              "so this run did not test the WAN's buffer")
     return out
+
+
+def _size(nbytes: float) -> str:
+    return f"{nbytes / 1e6:.2f} MB" if nbytes >= 100_000 else f"{nbytes / 1e3:.1f} kB"
 
 
 def path_metrics(plan: LabPlan, before: dict[int, tuple[int, int]], after: dict[int, tuple[int, int]]) -> dict:
