@@ -99,4 +99,5 @@ def test_a_cut_uplink_reconverges_within_budget_and_comes_back(bgp_lab):
 def test_pfc_keeps_the_incast_lossless_on_the_bgp_fabric(bgp_lab, tmp_path):
     plan, lab = bgp_lab
     for k in range(3):
-        assert_lossless(run_workload(plan, lab, load_workload(ROOT / "workloads" / "incast.yml"), tmp_path / f"{k}"))
+        assert_lossless(run_workload(plan, lab, load_workload(ROOT / "workloads" / "incast.yml"), tmp_path / f"{k}"),
+                        lab=lab)
