@@ -120,8 +120,8 @@ def test_a_sampler_keeps_every_agents_slow_reads_whatever_order_they_arrive_in(t
     _agent_report(tmp_path, "spine1", {"ports": [{"node": "spine1", "port": "leaf1", "tc": 3}],
                                        "long_reads": [[9.0, 0.02]]}, 2)
     assert watch.get() == {("spine1", "leaf1", 3): {"node": "spine1", "port": "leaf1", "tc": 3}}
-    assert watch.long_reads == {9.0: 0.02, 10.0: 0.01}
-    assert reaction.read_long(tmp_path, 0.0) == [(9.0, 0.02), (10.0, 0.01)]
+    assert watch.long_reads == {9.0: (0.02, ()), 10.0: (0.01, ())}
+    assert reaction.read_long(tmp_path, 0.0) == [(9.0, 0.02, ()), (10.0, 0.01, ())]
 
 
 def test_a_switch_agent_needs_only_what_a_node_image_has():

@@ -4,8 +4,10 @@ as many packets received as sent, a loss ledger of 0, and a controller whose own
 what the machine stalled every process for) stayed within the time the PFC headroom was sized for. And per hop, from captures: no flow is ever reordered."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -29,6 +31,39 @@ class Burners:
 
     def __init__(self, n: int):
         self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for p in self.procs:
+            p.kill()
+            p.wait()
+
+
+# Every CPU taken at once, above every process (the stall watchers included), as a hypervisor that
+# stops the VM does: one spinner per CPU at the top real-time priority, all starting together
+STALL = """
+import os, sys, time
+cpu, first, every, length, count = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
+os.sched_setaffinity(0, {cpu})
+os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(99))
+for k in range(count):
+    start = first + k * every
+    while time.monotonic() < start:
+        time.sleep(min(0.01, max(0.0, start - time.monotonic())))
+    while time.monotonic() < start + length:
+        pass
+"""
+
+
+class MachineStalls:
+    """`count` stalls of the whole machine, `length` s each, one every `every` s from `after` s on."""
+
+    def __init__(self, after: float, every: float, length: float, count: int):
+        first = time.monotonic() + after
+        self.procs = [subprocess.Popen([sys.executable, "-c", STALL, str(cpu), str(first), str(every), str(length),
+                                        str(count)]) for cpu in sorted(os.sched_getaffinity(0))]
 
     def __enter__(self):
         return self
@@ -97,6 +132,28 @@ def test_the_bundled_incast_loses_nothing_twenty_times_in_a_row(built_lab, tmp_p
     workload.write_text(INCAST.read_text() + f"iterations: {RUNS}\n")
     with Burners(burners):
         assert_lossless(run_workload(plan, lab, load_workload(workload), tmp_path / "run"), RUNS, lab)
+
+
+@pytest.mark.parametrize("placement", ["lab", "node"], ids=["one-agent", "agents-in-nodes"])
+def test_a_machine_stall_is_taken_out_of_the_reaction_and_what_is_left_stays_within_the_headroom(
+        built_lab, tmp_path, monkeypatch, placement):
+    """The machine stops every process for 80 ms, five times during the incasts, beside two CPU
+    burners (CI's hypervisor did, for up to 60 ms): nothing is lost, the run sees the stalls in
+    the controller's reads and names them the machine's, and the controllers' own part stays
+    within the headroom. (These stalls end cleanly: in ci87 the wake-ups a stall held came up to
+    20 ms after its end, behind the rest it had held, and test_stall_logic covers that case.)"""
+    require_root()
+    monkeypatch.setenv("LABCTL_SWITCH_AGENTS", placement)
+    plan = built_lab(LEAF_SPINE)
+    lab = state.lab_dir(plan.lab)
+    workload = tmp_path / "incast.yml"
+    workload.write_text(INCAST.read_text() + "iterations: 5\n")
+    with MachineStalls(after=1.0, every=0.7, length=0.08, count=5), Burners(2):
+        doc = run_workload(plan, lab, load_workload(workload), tmp_path / "run")
+    assert_lossless(doc, 5, lab)
+    react = doc["controller_reaction"]
+    # the watchers saw the stalls (80 ms, each seen up to 5 ms short) and the controller felt them
+    assert react["machine_worst_s"] >= 0.075 and react["worst_s"] >= 0.04, react
 
 
 # every hop of both kinds of path into the incast root: NVLink (srv1-gpu2 -> srv1-nvs -> srv1-gpu0)

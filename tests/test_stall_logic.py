@@ -9,11 +9,13 @@ import pytest
 from labctl.telemetry import reaction, stallwatch
 
 
-def test_overlap_counts_only_the_part_of_each_gap_inside_the_interval():
-    gaps = [[10.0, 0.5], [12.0, 1.0], [20.0, 0.1]]       # [9.5, 10], [11, 12], [19.9, 20]
-    assert stallwatch.overlap(9.0, 11.5, gaps) == pytest.approx(0.5 + 0.5)
-    assert stallwatch.overlap(13.0, 19.0, gaps) == 0.0
-    assert stallwatch.overlap(9.8, 9.9, gaps) == pytest.approx(0.1)
+def test_covered_counts_each_moment_inside_the_interval_once():
+    spans = [(9.5, 10.0), (11.0, 12.0), (19.9, 20.0)]
+    assert stallwatch.covered(9.0, 11.5, spans) == pytest.approx(0.5 + 0.5)
+    assert stallwatch.covered(13.0, 19.0, spans) == 0.0
+    assert stallwatch.covered(9.8, 9.9, spans) == pytest.approx(0.1)
+    # overlapping spans (a stall and a wake-up it held) are counted once
+    assert stallwatch.covered(9.0, 11.5, spans + [(9.8, 10.4), (10.3, 10.5)]) == pytest.approx(0.5 + 0.5 + 0.5)
 
 
 def test_the_controllers_part_is_what_the_most_stalled_cpu_leaves():
@@ -22,6 +24,30 @@ def test_the_controllers_part_is_what_the_most_stalled_cpu_leaves():
     assert stallwatch.own_part(100.0, 0.046, gaps) == pytest.approx(0.006)
     assert stallwatch.own_part(100.0, 0.046, {}) == pytest.approx(0.046)
     assert stallwatch.worst(gaps) == 0.04
+
+
+def test_a_wake_up_the_stall_held_is_the_machines_the_wait_behind_its_backlog_included():
+    # ci87: with an agent in every node, a 60 ms stall of the machine held a dozen controllers'
+    # wake-ups, and they ran one after another once it ended: a read of 98.5 ms, 60 ms of it the
+    # stall the watcher saw and 20 ms more the wait behind the others the stall had held
+    gaps = {0: [[100.0, 0.060]], 1: []}
+    read_end, took = 100.030, 0.0985
+    assert stallwatch.own_part(read_end, took, gaps) == pytest.approx(0.0385)
+    # the read ran from 99.9315; due within the stall (seen from 99.940), woke 80 ms late at 100.025:
+    # the machine's part is 99.940 to 100.025
+    held = [(99.945, 100.025)]
+    assert stallwatch.own_part(read_end, took, gaps, held) == pytest.approx(0.0985 - 0.085)
+    # due up to one watcher period before the stall the watcher saw: the stall may have begun then
+    assert stallwatch.own_part(read_end, took, gaps, [(99.936, 100.025)]) == pytest.approx(0.0985 - 0.089)
+    # a wake-up due outside every stall that came late is the controller's own, however late
+    assert stallwatch.own_part(read_end, took, gaps, [(100.010, 100.025)]) == pytest.approx(0.0385)
+    assert stallwatch.own_part(read_end, took, {}, held) == pytest.approx(took)
+    # and it is judged that way from pfc.json's form of a slow read, [end, took, [[due, woke], ...]]
+    h = hist(0.001, 0.0985)
+    s = reaction.summary(h, 0.03, [[read_end, took, [list(w) for w in held]]], gaps)
+    assert s["controller_within_headroom"] and s["own_worst_s"] == pytest.approx(0.0135, abs=1e-4)
+    s = reaction.summary(h, 0.03, [[read_end, took]], gaps)
+    assert not s["controller_within_headroom"]
 
 
 def hist(*seconds):
@@ -95,8 +121,9 @@ def test_a_runs_slow_reads_include_those_the_controller_listed_and_then_dropped(
 
     publish([[9.0, 0.006], [10.0, 0.25], [11.0, 0.007]], 1)
     publish([[11.0, 0.007], [12.0, 0.008]], 2)          # 9.0 and the 250 ms read were pushed out
-    assert watch.long_reads == {9.0: 0.006, 10.0: 0.25, 11.0: 0.007, 12.0: 0.008}
-    assert reaction.read_long(tmp_path, 10.0, watch.long_reads) == [(10.0, 0.25), (11.0, 0.007), (12.0, 0.008)]
+    assert watch.long_reads == {9.0: (0.006, ()), 10.0: (0.25, ()), 11.0: (0.007, ()), 12.0: (0.008, ())}
+    assert reaction.read_long(tmp_path, 10.0, watch.long_reads) == [(10.0, 0.25, ()), (11.0, 0.007, ()),
+                                                                    (12.0, 0.008, ())]
     # with the worst read accounted for, a machine stall that covered it is taken out
     s = reaction.summary(hist(0.006, 0.25, 0.007, 0.008), 0.4, reaction.read_long(tmp_path, 10.0, watch.long_reads),
                          {0: [[10.0, 0.245]]})

@@ -85,6 +85,9 @@ class Controller:
         # the slow ones with their time, so that a run can take out what the machine stalled (stallwatch.py)
         self.long_reads: deque = deque(maxlen=reaction.LONG_READS_KEPT)
         self.long_count = 0
+        # wake-ups that came late, (due, woke): a slow read lists those within it, so that a run can
+        # tell one held by a machine stall (and by all the stall held back) from the loop's own
+        self.late_wakes: deque = deque(maxlen=reaction.LATE_WAKES_KEPT)
         self.slow = reaction.SlowSteps()     # parts of the loop over reaction.SLOW_STEP_S, by name
         self.errors: list[str] = []     # control files refused, newest last (shown by `labctl status`)
 
@@ -343,7 +346,8 @@ class Controller:
         self.reactions.add(took)
         self.work.add(end - start)
         if took > reaction.LONG_READ_S:
-            self.long_reads.append((round(end, 6), round(took, 6)))
+            wakes = [[round(due, 6), round(woke, 6)] for due, woke in self.late_wakes if woke > end - took and due < end]
+            self.long_reads.append((round(end, 6), round(took, 6), wakes) if wakes else (round(end, 6), round(took, 6)))
             self.long_count += 1
 
     def write_counters(self, now: float, force: bool = False) -> None:
@@ -383,7 +387,10 @@ class Controller:
             if delay > 0:
                 # wake at once when a PFC frame arrives on any port
                 self.waiter.wait(delay)
-                self.slow.note("wake-up (late by)", "-", wake)   # the CPU was not given back on time
+                woke = time.monotonic()
+                if woke - wake > reaction.LATE_WAKE_S:      # the CPU was not given back on time
+                    self.late_wakes.append((wake, woke))
+                self.slow.note("wake-up (late by)", "-", wake)
 
 
 def needed(plan: LabPlan) -> bool:

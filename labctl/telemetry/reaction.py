@@ -26,6 +26,8 @@ FINE = round(FINE_S / STEP_S)
 BUCKETS = FINE + round((COARSE_S - FINE_S) / COARSE_STEP_S)   # and one more for anything longer
 LONG_READ_S = 0.005        # intervals longer than this are also kept with their time (pfc.json long_reads)
 LONG_READS_KEPT = 512
+LATE_WAKE_S = 0.002        # a wake-up later than this is kept with the slow read it falls in
+LATE_WAKES_KEPT = 32
 # a part of the loop slower than this is kept with its name (pfc.json slow_steps) and logged: the
 # histogram says that the controller was late, this says in what (a TCG incast's first pause came
 # 1.8 s after its queue passed XOFF, and nothing showed where the time went)
@@ -117,7 +119,8 @@ def summary(h: Histogram, sized_for_s: float, long_reads: list | None = None,
     out = {"reads": h.samples, "worst_s": worst, "p99_s": h.quantile(0.99), "sized_for_s": sized_for_s,
            "within_headroom": worst <= sized_for_s}
     if machine_gaps is not None:
-        own = [stallwatch.own_part(end, took, machine_gaps) for end, took in long_reads or ()]
+        own = [stallwatch.own_part(end, took, machine_gaps, wakes)
+               for end, took, wakes in map(parse_long, long_reads or ())]
         # reads up to LONG_READ_S are in the histogram only: their own part is at most that
         own_worst = max(own + [min(worst, LONG_READ_S)])
         if _unaccounted(h, long_reads or ()):
@@ -133,19 +136,27 @@ def summary(h: Histogram, sized_for_s: float, long_reads: list | None = None,
 
 def _unaccounted(h: Histogram, long_reads) -> bool:
     """Whether the histogram holds a sample slower than every kept slow read (one that was not kept)."""
-    kept = max((took for _, took in long_reads), default=0.0)
+    kept = max((parse_long(r)[1] for r in long_reads), default=0.0)
     return h.worst() > max(LONG_READ_S, upper_edge(bucket(kept)))
 
 
+def parse_long(entry) -> tuple[float, float, tuple]:
+    """One slow read as pfc.json lists it, [end, took] or [end, took, late wake-ups], as (end,
+    took, ((due, woke), ...)): the wake-ups within it that came late (controller.py)."""
+    wakes = entry[2] if len(entry) > 2 else ()
+    return float(entry[0]), float(entry[1]), tuple((float(due), float(woke)) for due, woke in wakes)
+
+
 def read_long(lab_path, since: float, seen: dict | None = None) -> list:
-    """The controller's slow reads that ended after `since` (time.monotonic()), with those `seen`
-    (end -> took) in earlier copies of pfc.json: the controller keeps only its latest, and on an
-    emulated CPU a run's worst read was pushed out before the run ended."""
+    """The controller's slow reads that ended after `since` (time.monotonic()), as (end, took,
+    late wake-ups), with those `seen` (end -> (took, wake-ups)) in earlier copies of pfc.json: the
+    controller keeps only its latest, and on an emulated CPU a run's worst read was pushed out
+    before the run ended."""
     from labctl.telemetry import agentreport
     reads = (agentreport.load(lab_path) or {}).get("long_reads") or []
     merged = dict(seen or {})
-    merged.update((float(end), float(took)) for end, took in reads)
-    return sorted((end, took) for end, took in merged.items() if end >= since)
+    merged.update((end, (took, wakes)) for end, took, wakes in map(parse_long, reads))
+    return sorted((end, took, wakes) for end, (took, wakes) in merged.items() if end >= since)
 
 
 def read(lab_path) -> Histogram:

@@ -18,7 +18,7 @@ from pathlib import Path
 from labctl import procs
 from labctl.kernel import ecnpath, fastmaps, nsutil, rtnl
 from labctl.plan import qos
-from labctl.telemetry import agentreport, nftcounters, qdepth
+from labctl.telemetry import agentreport, nftcounters, qdepth, reaction
 from labctl.telemetry.nftcounters import family_of as nft_family
 from labctl.plan.model import LabPlan
 
@@ -28,12 +28,12 @@ COLUMNS = ("t_s", "node", "port", "class", "tc", "depth_bytes", "sent_bytes", "s
 
 class PfcFile:
     """The switch agents' counters (agentreport.py), re-read only when a report changed; and every
-    slow read they listed while this watched (end -> took), since each lists only its latest
-    (reaction.read_long)."""
+    slow read they listed while this watched (end -> (took, late wake-ups)), since each lists only
+    its latest (reaction.read_long)."""
     def __init__(self, lab_path: Path | None):
         self.watch = agentreport.Watch(lab_path)
         self.ports = {}
-        self.long_reads: dict[float, float] = {}
+        self.long_reads: dict[float, tuple] = {}
         self.newest = 0.0
 
     def get(self) -> dict[tuple[str, str, int], dict]:
@@ -49,7 +49,7 @@ class PfcFile:
     def _add_long_reads(self, reads: list) -> None:
         # each agent lists its reads oldest first, but the merged list of several agents is only
         # sorted: a slower agent's old read can come after another's newer one, so each is added
-        self.long_reads.update((float(end), float(took)) for end, took in reads)
+        self.long_reads.update((end, (took, wakes)) for end, took, wakes in map(reaction.parse_long, reads))
 
 
 class QueueSampler:

@@ -106,15 +106,34 @@ class StallWatch:
         return out
 
 
-def overlap(start: float, end: float, gaps: list) -> float:
-    """Seconds of [start, end] that fall in the gaps (each [end, seconds])."""
-    return sum(max(0.0, min(end, g_end) - max(start, g_end - g_s)) for g_end, g_s in gaps)
+def covered(start: float, end: float, spans) -> float:
+    """Seconds of [start, end] inside the union of `spans` ([from, to] each, overlapping or not)."""
+    total, reach = 0.0, start
+    for lo, hi in sorted(spans):
+        lo, hi = max(lo, reach), min(hi, end)
+        if hi > lo:
+            total += hi - lo
+            reach = hi
+    return total
 
 
-def own_part(read_end: float, seconds: float, gaps_by_cpu: dict) -> float:
+def own_part(read_end: float, seconds: float, gaps_by_cpu: dict, late_wakes=()) -> float:
     """Of one slow interval between two reads, what is left after the machine's stalls: the most
-    any single CPU stalled within it comes off (the controller was on one CPU, which is not known)."""
-    stolen = max((overlap(read_end - seconds, read_end, g) for g in gaps_by_cpu.values()), default=0.0)
+    any single CPU stalled within it comes off (the controller was on one CPU, which is not known).
+    `late_wakes`: the controller's wake-ups in that interval that came late, [due, woke] each. One
+    due while a CPU was stalled was late because of the stall, all of it: when the CPU comes back,
+    everything the stall held back wakes at once (with agents in the nodes, a dozen controllers on
+    two CPUs), and the last to run waits behind the rest. The watcher sees a stall up to one period
+    after it began, so a wake-up due that much before the stall counts too. A late wake-up due
+    outside every stall stays the controller's own."""
+    start = read_end - seconds
+    since = min([start] + [due for due, _ in late_wakes])
+    stolen = 0.0
+    for gaps in gaps_by_cpu.values():
+        near = [(g_end - g_s, g_end) for g_end, g_s in gaps if g_end >= since and g_end - g_s < read_end]
+        held = [(due, woke) for due, woke in late_wakes
+                if any(lo - PERIOD_MS / 1000 <= due <= hi for lo, hi in near)]
+        stolen = max(stolen, covered(start, read_end, near + held))
     return max(0.0, seconds - stolen)
 
 
