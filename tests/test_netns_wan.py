@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import require_root
+from conftest import host_cpu, require_root
 from labctl import lifecycle as labmod
 from labctl import state
 from labctl.traffic import fsdp, schedule as sch
@@ -57,17 +57,23 @@ def test_wan_round_trip_rate_and_buffer_against_the_bandwidth_delay_product(buil
     assert avg_ms == pytest.approx(98, rel=0.10), out
     # One loss at 98 ms RTT costs CUBIC seconds of recovery, and a host that stalls for a moment makes
     # one (CI measured 84 Mbit/s once): the fastest of up to three flows is what the WAN allows, and a
-    # shaper or buffer that was wrong would fail all three
+    # shaper or buffer that was wrong would fail all three. A flow during which the hypervisor stole
+    # over 5% of the machine does not count against the three (ci86: 16 s of 50 CPU-seconds stolen,
+    # all three flows at 78-94 Mbit/s, then 3 of 3 at 100 right after): up to six flows in all
     attempts = []
-    for _ in range(3):
+    while len(attempts) < 6 and sum(not t["stolen_share"] > 0.05 for t in attempts) < 3:
+        before = host_cpu()
         deep = one_flow(plan, 100_000_000)
+        busy, idle, steal = (b - a for a, b in zip(before, host_cpu()))
+        deep["stolen_share"] = steal / max(busy + idle + steal, 1e-9)
         assert deep["received"] == 100_000_000, deep
         attempts.append(deep)
         if deep["steady_bps"] == pytest.approx(100e6, rel=0.05):
             break
-    best = max(attempts, key=lambda t: t["steady_bps"])
-    assert best["steady_bps"] == pytest.approx(100e6, rel=0.05), [(t["steady_bps"], t["retransmits"]) for t in attempts]
-    assert all(t["steady_bps"] < 1.05 * 100e6 for t in attempts), attempts   # no attempt beats the shaper
+    seen = [(round(t["steady_bps"] / 1e6, 1), t["retransmits"], f"{t['stolen_share']:.0%} stolen") for t in attempts]
+    best = max(attempts, key=lambda t: t["steady_bps"])     # a stolen machine only ever slows a flow
+    assert best["steady_bps"] == pytest.approx(100e6, rel=0.05), f"Mbit/s, retransmits, machine stolen: {seen}"
+    assert all(t["steady_bps"] < 1.05 * 100e6 for t in attempts), seen   # no attempt beats the shaper
     labmod.down(lab_name)
     small = tmp_path / "wan.yml"
     small.write_text(WAN.read_text().replace("distance: 10}", "distance: 10, buffer: 150KB}"))
