@@ -119,3 +119,23 @@ def test_the_estimate_ties_identical_layouts_nowhere():
     assert et.same_layout(cfg, swapped, 64)
     assert et.flip_distance_km(cfg, swapped, lambda km: real(km, 64)) is None
     assert not et.same_layout(cfg, et.with_placement(cfg, ("dp", "tp", "pp")), 64)
+
+
+@pytest.mark.parametrize("pp,sequence_parallel", [(2, False), (3, False), (3, True), (1, False)])
+def test_the_pipeline_receives_gather_is_reported_apart_from_tp(pp, sequence_parallel, tmp_path):
+    """Without sequence parallelism a stage all-gathers each received micro-batch over tp (legacy
+    Megatron's scatter-gather): one all-gather of the activation ring, once per receive. The step's
+    report gives it apart from tp's all-reduces; a middle stage receives twice per micro-batch."""
+    plan = compile_plan(load_topology(ROOT / "topologies/ai-cluster.yml", ["zones=2"]))
+    ranks = sorted(gpu_ranks(plan))
+    wf = tmp_path / "w.yml"
+    wf.write_text(f"name: w\ntrain: {{model: llama-7b, layers: 6, degrees: {{tp: 2, pp: {pp}, dp: 2}}, micro_batches: 4, "
+                  f"seq_len: 4096, scale: 0.001, sequence_parallel: {str(sequence_parallel).lower()}}}\n")
+    cfg = step_config(plan, load_workload(wf), ranks[:4 * pp])
+    cl = et.lab_cluster(plan, ranks[:4 * pp])
+    out = et.step_time(cfg, cl)
+    rings = et._ring_arrays(cfg.degrees, cfg.placement, cfg.dp_shard, cl.gpus)
+    one = max(et._ring_time(cl, rings["tp"][s], et.sizes(cfg)["act"], 1, 1) for s in range(pp))
+    receives = 0 if sequence_parallel or pp == 1 else (2 if pp > 2 else 1)
+    assert out["pp_gather_s_per_micro_batch"] == pytest.approx(receives * one, rel=1e-9)
+    assert (out["pp_gather_s_per_micro_batch"] > 0) == (receives > 0)

@@ -253,6 +253,8 @@ def step_time(cfg: TrainStep, cl: Cluster) -> dict:
     compute = (cfg.micro_batches + d.pp - 1) * 3 * f_compute
     return {"step_s": step, "compute_path_s": compute, "pipeline_s": max(end.values()), "dp_s": max(dp_s.values()),
             "tp_s_per_micro_batch": max(tp.values()) * 2, "ep_s_per_micro_batch": max(ep.values()) * 2,
+            # a middle stage gathers twice per micro-batch (forward and backward receives), an end stage once
+            "pp_gather_s_per_micro_batch": max(gather[s] * ((s > 0) + (s < d.pp - 1)) for s in range(d.pp)),
             "p2p_s": max(p2p.values()) if p2p else 0.0}
 
 
