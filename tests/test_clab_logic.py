@@ -310,3 +310,19 @@ def test_gpus_behind_routers_labctl_does_not_route_get_a_located_fix_not_a_trace
     f.write_text(labelled)
     plan = plan_of(f)
     assert sum(FabricMap(plan).hops(plan.node("h1"), plan.node("h2")).values()) == 2
+
+
+def test_pingall_says_why_it_found_nothing_to_ping():
+    """A containerlab file whose exec lines number nothing has pairs but no address to ping: the
+    message says that, and how to add one, not that no hosts share a fabric."""
+    from labctl.lifecycle.reach import ping_pairs, why_none
+    plan = plan_of(CLAB / "routed.clab.yml")          # as `up` learns it from the kernel: no exec line ran
+    assert ping_pairs(plan)
+    assert why_none(plan).startswith("no end host's port has an address (its exec lines set none)")
+    assert "exec: [ip addr add" in why_none(plan)
+    fabric = next(iter(plan.fabrics))
+    assert why_none(plan, "storage") == "no two end hosts are on fabric storage, so nothing was checked"
+    for n in plan.nodes:
+        for k, i in enumerate(n.interfaces):
+            i.address = f"10.9.{k}.{len(n.name)}/24"
+    assert why_none(plan, fabric).startswith(f"its own routing connects no two end hosts on fabric {fabric}")

@@ -172,7 +172,7 @@ def pingall(lab, fabric, sample, seed):
     if any(not n.numbered for n in p.nodes):
         of += " (its exec lines number it: the pairs its own routing connects)"
     click.echo(f"pingall {p.lab}: {tried - len(failed)}/{tried} pairs reachable{of}"
-               + ("; no two end hosts share a fabric, so nothing was checked" if not tried else ""))
+               + (f"; {labmod.why_none(p, fabric)}" if not tried else ""))
     if failed or not tried:
         raise SystemExit(1)
 

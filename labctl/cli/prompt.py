@@ -86,7 +86,7 @@ class Prompt(CtrlCTick, cmd.Cmd):
         for a, b in failed:
             self.say(f"  {a} -> {b}: no reply")
         self.say(f"*** Results: {tried - len(failed)}/{tried} pairs reachable"
-                 + ("; no two end hosts share a fabric, so nothing was checked" if not tried else ""))
+                 + (f"; {self.lifecycle.why_none(self.plan, arg.strip() or None)}" if not tried else ""))
         self.failed = self.failed or bool(failed) or not tried    # as `labctl pingall`: nothing checked fails
 
     def do_route(self, arg):

@@ -13,7 +13,7 @@
 from labctl.lifecycle.build import CleanResult, build, clean, down, up  # noqa: F401
 from labctl.lifecycle.inspect import helpers, live_links, status  # noqa: F401
 from labctl.lifecycle.labs import backend_of, default_lab, find_lab, load_plan, require_root  # noqa: F401
-from labctl.lifecycle.reach import ping_pairs, pingall, trace_path  # noqa: F401
+from labctl.lifecycle.reach import ping_pairs, pingall, trace_path, why_none  # noqa: F401
 from labctl.lifecycle.balance import dest_qp, set_mode as set_lb  # noqa: F401
 from labctl.lifecycle.runtime import (converge_after_link_change, set_link_state, set_rate, tc_check,  # noqa: F401
                                       tc_set, tc_set_many)

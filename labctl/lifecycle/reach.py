@@ -97,6 +97,20 @@ def ping_pairs(plan: LabPlan, fabric: str | None = None) -> list[tuple]:
     return pairs
 
 
+def why_none(plan: LabPlan, fabric: str | None = None) -> str:
+    """Why pingall found no pair to try: the end of its message."""
+    pairs = ping_pairs(plan, fabric)
+    where = f" on fabric {fabric}" if fabric else ""
+    if not pairs:
+        shared = f"are on fabric {fabric}" if fabric else "share a fabric"
+        return f"no two end hosts {shared}, so nothing was checked"
+    if not any(bi.address for _, _, bi in pairs):
+        return (f"no end host's port{where} has an address (its exec lines set none), so nothing was checked; "
+                f"add them as containerlab labs do, e.g. exec: [ip addr add 10.0.0.1/24 dev eth1]")
+    return (f"its own routing connects no two end hosts{where} (`labctl route A B` shows where a path ends), "
+            f"so nothing was checked")
+
+
 def routed(plan: LabPlan, start: str, address: str) -> bool:
     """Does the lab's own routing carry a packet from `start` to `address`, hop by hop as each kernel
     looks it up? In a lab numbered by its exec lines (containerlab's way) the plan cannot tell
