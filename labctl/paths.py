@@ -144,6 +144,22 @@ def _refuse_changeable(where: Path, path: Path, option: str, what: str) -> None:
                        "or your own home")
 
 
+def root_only_above(path: Path) -> str | None:
+    """Why someone but root could rename a directory above `path` (as written, and by its real
+    path), and so swap `path` for a directory or link of their own; None if no one can. A sticky
+    directory (/tmp) counts as root's: others cannot rename what root made in it."""
+    written = Path(os.path.abspath(path))
+    try:
+        real = Path(os.path.realpath(path))
+    except (OSError, ValueError):
+        real = written
+    for d in dict.fromkeys([*written.parents, *real.parents]):
+        why = _unsafe(d)
+        if why:
+            return why
+    return None
+
+
 def foreign_link(path: Path) -> Path | None:
     """The first directory on `path` (as written, from /) that is a symlink owned by neither root
     nor this process's user, or None."""

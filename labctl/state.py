@@ -37,17 +37,34 @@ from labctl.names import valid_lab_name, valid_namespace
 
 
 def state_root() -> Path:
+    """$LABCTL_STATE_DIR, else $XDG_STATE_HOME/labctl, else ~/.local/state/labctl. Under sudo,
+    `sudo -E` keeps the caller's $HOME and $XDG_STATE_HOME: root's own home is used instead, as for
+    the prompt's history, since records in a directory the caller owns are records the caller can
+    swap (and root kills the PIDs and removes the namespaces they name)."""
     env = os.environ.get("LABCTL_STATE_DIR")
     if env:
         return Path(env)
+    if os.geteuid() == 0 and os.environ.get("SUDO_UID"):
+        import pwd
+        return Path(pwd.getpwuid(0).pw_dir) / ".local" / "state" / "labctl"
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(base) / "labctl"
 
 
 def checked_root(create: bool = False) -> Path:
     """The state directory, made 0700 if `create`; as root, refused unless root owns it and only
-    root may write it (another user could otherwise plant records that root then acts on)."""
+    root may write it (another user could otherwise plant records that root then acts on), and
+    unless only root can rename a directory above it (or they could swap it after the check)."""
     root = state_root()
+    if os.geteuid() == 0:
+        from labctl.paths import root_only_above
+        why = root_only_above(root)
+        if why:
+            raise LabError(f"the state directory {root} lies under a directory someone but root can change "
+                           f"({why}): they could swap it for one of their own, with records of labs that "
+                           "root then acts on (killing the PIDs and removing the namespaces they name)",
+                           "set LABCTL_STATE_DIR to a directory under ones only root can write, e.g. "
+                           "/var/lib/labctl, or unset it to use root's own (~root/.local/state/labctl)")
     if create and not root.exists():
         root.parent.mkdir(parents=True, exist_ok=True)
         try:

@@ -83,6 +83,56 @@ def test_as_root_a_loose_state_directory_is_refused_by_lab_dir_too(tmp_path, mon
 
 
 @pytest.mark.netns
+@pytest.mark.parametrize("above", ["owned by nobody", "group-writable", "a link owned by nobody", "sticky"])
+def test_as_root_a_state_directory_someone_else_could_swap_is_refused_before_anything_is_made(
+        tmp_path, monkeypatch, above):
+    """A state directory of root's, 0700, under a directory another user owns or may write (a
+    `sudo -E` home's ~/.local/state): that user could rename it away and put a link to their own
+    records in its place between root's check and its use. Refused, naming the directory, before
+    anything is made there; a sticky directory (/tmp) is safe, as others cannot rename root's."""
+    require_root()
+    home = tmp_path / "home"
+    home.mkdir()
+    if above == "owned by nobody":
+        os.chown(home, NOBODY, NOBODY)
+    elif above == "group-writable":
+        os.chmod(home, 0o775)
+    elif above == "sticky":
+        os.chmod(home, 0o1777)
+    where = home
+    if above == "a link owned by nobody":
+        where = tmp_path / "link"
+        where.symlink_to(home)
+        os.lchown(where, NOBODY, NOBODY)
+    root = where / ".local" / "state" / "labctl"
+    monkeypatch.setenv("LABCTL_STATE_DIR", str(root))
+    if above == "sticky":
+        assert state.checked_root(create=True) == root and root.is_dir()
+        return
+    with pytest.raises(LabError, match="someone but root can change") as err:
+        state.checked_root(create=True)
+    assert str(where) in str(err.value) and "/var/lib/labctl" in err.value.fix
+    assert not (home / ".local").exists()
+    with pytest.raises(LabError, match="someone but root can change"):
+        state.all_labs()
+
+
+@pytest.mark.netns
+def test_under_sudo_E_the_state_directory_is_roots_not_the_callers(tmp_path, monkeypatch):
+    """`sudo -E` keeps the caller's $HOME and $XDG_STATE_HOME: root's records go to root's own
+    home, as the prompt's history does."""
+    require_root()
+    import pwd
+    monkeypatch.delenv("LABCTL_STATE_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("SUDO_UID", "1000")
+    assert state.state_root() == Path(pwd.getpwuid(0).pw_dir) / ".local" / "state" / "labctl"
+    monkeypatch.delenv("SUDO_UID")
+    assert state.state_root() == tmp_path / "xdg" / "labctl"      # root's own session: its own choice
+
+
+@pytest.mark.netns
 def test_down_of_a_forged_record_kills_nothing(state_dir):
     """A journal planted by another user (a 0777 record) names a process with its true start time:
     `labctl down` refuses the record and the process lives."""
