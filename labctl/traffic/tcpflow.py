@@ -183,9 +183,11 @@ class FlowRun:
     def wait(self, timeout: float | None = None) -> bool:
         """Until every finite sequence has sent everything; True if they all finished."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        for th in self.senders:
+        # a background sequence repeats until close(): it is never waited for
+        finite = [th for th, s in zip(self.senders, self.sequences) if s.count is not None]
+        for th in finite:
             th.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        return not any(th.is_alive() for th in self.senders)
+        return not any(th.is_alive() for th in finite)
 
     def close(self) -> list[dict]:
         self.stop.set()

@@ -214,6 +214,10 @@ def load_workload(file: str | Path) -> LoadedWorkload:
             raise InputError(smap.where((key,)), f"{w.size_count():,} sizes x {w.warmup + w.iterations:,} iterations "
                              f"(warmup included) is {plays:,} operations; one workload plays at most {MAX_OPS:,}",
                              "fewer sizes (a larger factor:) or fewer iterations; split it into several workloads")
+    if w.flows and not (w.collective or w.fsdp or w.train) and all(f.background for f in w.flows):
+        raise InputError(smap.where(("flows", 0, "background")), "every flow is background: it repeats until "
+                         "the collectives end, and this workload plays none, so the run would never end",
+                         "give one flow a count: (and period:) instead, or add a collective: with sizes:")
     if w.fsdp:
         try:
             fsdp.model_from(w.fsdp.model, w.fsdp.layers, w.fsdp.hidden, w.fsdp.params_per_layer, w.fsdp.dtype)
