@@ -21,6 +21,7 @@ from labctl.plan.model import LabPlan
 from labctl.state import LabDir
 
 EXEC_TIMEOUT_S = 120
+OUTPUT_KEPT = 4096      # bytes of a line's output kept, its last: what a failure shows is its last 300
 EXEC_PARALLEL = 8
 
 
@@ -61,24 +62,53 @@ def _in_container(client, ctr, argv: list[str]) -> tuple[int, str]:
     """The line as `docker exec` runs it, through the engine's API: the engine gives it the
     container's namespaces, root, environment, cgroup, capabilities, seccomp and no_new_privs, and
     nothing of the container's (its env: above all) reaches a process of this host's. Through the
-    API rather than the docker client, which costs a process of its own per line (about 50 ms)."""
+    API rather than the docker client, which costs a process of its own per line (about 50 ms).
+    Its output is streamed and only its tail kept, and a line that still writes after
+    EXEC_TIMEOUT_S is given up on: `exec: [yes]` would otherwise fill root's memory."""
+    import time
     import requests
+    deadline = time.monotonic() + EXEC_TIMEOUT_S
+    tail = bytearray()
     try:
         made = client.api.exec_create(ctr.id, argv, stdout=True, stderr=True, stdin=False)
-        out = client.api.exec_start(made["Id"])
+        for chunk in client.api.exec_start(made["Id"], stream=True):
+            tail = (tail + chunk)[-OUTPUT_KEPT:]
+            if time.monotonic() > deadline:
+                return 124, f"still running after {EXEC_TIMEOUT_S} s"
         code = client.api.exec_inspect(made["Id"])["ExitCode"]
     except requests.exceptions.ReadTimeout:
         return 124, f"still running after {EXEC_TIMEOUT_S} s"
-    return (code if code is not None else 1), out.decode(errors="replace")
+    return (code if code is not None else 1), tail.decode(errors="replace")
 
 
 def _in_namespace(node, argv: list[str]) -> tuple[int, str]:
+    """The line in the node's namespace, its output's tail kept (stderr and stdout as they came),
+    killed after EXEC_TIMEOUT_S."""
+    import os
+    import select
+    import time
+    deadline = time.monotonic() + EXEC_TIMEOUT_S
+    p = subprocess.Popen(["ip", "netns", "exec", node.namespace, *argv], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd="/")
+    tail = bytearray()
     try:
-        r = subprocess.run(["ip", "netns", "exec", node.namespace, *argv], capture_output=True, text=True,
-                           timeout=EXEC_TIMEOUT_S, stdin=subprocess.DEVNULL, cwd="/")
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return 124, f"still running after {EXEC_TIMEOUT_S} s"
+            if select.select([p.stdout], [], [], left)[0]:
+                chunk = os.read(p.stdout.fileno(), 65536)
+                if not chunk:
+                    break
+                tail = (tail + chunk)[-OUTPUT_KEPT:]
+        return p.wait(timeout=max(0.1, deadline - time.monotonic())), tail.decode(errors="replace")
     except subprocess.TimeoutExpired:
         return 124, f"still running after {EXEC_TIMEOUT_S} s"
-    return r.returncode, (r.stderr or r.stdout)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        p.stdout.close()
 
 
 def learn_addresses(plan: LabPlan, lab: LabDir) -> bool:
