@@ -107,6 +107,14 @@ def _free_name(base: str, taken: set[str]) -> str:
     return f"{base}-{k}"
 
 
+def terminal_safe(text: str) -> str:
+    """`text` with every control character but newline and tab written out (ESC as \\x1b): for text
+    from outside (an engine's error, a container's output) printed to the user's terminal, which
+    would otherwise act on it (move the cursor, rewrite earlier lines, set the window title)."""
+    return "".join(c if c.isprintable() or c in "\n\t" else (f"\\x{ord(c):02x}" if ord(c) < 0x100 else
+                                                            f"\\u{ord(c):04x}") for c in str(text))
+
+
 def printable(text: str) -> str:
     """`text` with every character that is not printable (a newline above all) as '?': for a lab
     author's words written into a comment line of a file labctl then reads as YAML."""

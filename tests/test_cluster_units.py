@@ -114,3 +114,104 @@ def test_status_with_no_machines_says_how_to_get_some(tmp_path, monkeypatch):
     assert r.exit_code == 0 and "cluster init" in r.output and "emulate" in r.output
     r = CliRunner().invoke(cli, ["cluster", "status", "--json"])
     assert r.exit_code == 0 and json.loads(r.output) == []
+
+
+HOSTILE = "[/x]\x1b[2K\x1b]0;owned\x07"       # rich's closing tag with no opening one; erase line; set title
+
+
+def test_an_engines_words_never_reach_the_terminal_as_markup_or_control_codes(tmp_path, monkeypatch):
+    """A Swarm node's state and an engine's error are shown as text: rich once raised MarkupError on
+    '[/x]' in `cluster reset` before the record was forgotten, and ESC went to the terminal."""
+    from labctl.cli import cluster as cli_cluster
+    from labctl.cluster import services, swarm
+    monkeypatch.setenv("LABCTL_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setattr(cli_cluster, "out", cli_cluster.out.__class__(width=200, force_terminal=False))
+    mrec.save({"m2": Machine("m2", "unix:///run/lcm-m2.sock", "192.168.77.2", manager=True)})
+
+    def leave(machine):
+        raise LabError(f"the engine says: {HOSTILE}")
+
+    monkeypatch.setattr(swarm, "leave", leave)
+    monkeypatch.setattr(services, "refuse_while_placed", lambda what: None)
+    monkeypatch.setattr("labctl.lifecycle.labs.require_root", lambda what: None)
+    monkeypatch.setattr(emulate, "status", lambda: [])
+    with cli_cluster.out.capture() as seen:
+        r = CliRunner().invoke(cli, ["cluster", "reset"])
+    assert r.exit_code == 0, (r.output, r.exception)
+    assert not mrec.record_path().exists()
+    text = seen.get()
+    assert "[/x]" in text and "\x1b" not in text and "\\x1b[2K" in text and "\\x07" in text
+    # the status table: a manager that names its node's state with the same words
+    mrec.save({"m2": Machine("m2", "unix:///run/lcm-m2.sock", "192.168.77.2", manager=True)})
+    monkeypatch.setattr(cli_cluster, "_rows", lambda: [{"machine": "m2", "engine": "unix:///x", "address": "a",
+                                                         "netns": None, "role": HOSTILE, "swarm": HOSTILE,
+                                                         "availability": "active", "lab_containers": 0}])
+    with cli_cluster.out.capture() as seen:
+        r = CliRunner().invoke(cli, ["cluster", "status"])
+    assert r.exit_code == 0, (r.output, r.exception)
+    assert "\x1b" not in seen.get() and "[/x]" in seen.get()
+
+
+def test_an_error_printed_by_any_command_writes_control_characters_out():
+    from labctl.cli.base import LabctlGroup
+    import click
+
+    @click.group(cls=LabctlGroup)
+    def group():
+        pass
+
+    @group.command()
+    def fail():
+        raise LabError(f"engine said {HOSTILE}", "fix it")
+
+    r = CliRunner().invoke(group, ["fail"])
+    assert r.exit_code != 0 and "\x1b" not in r.output and "\x07" not in r.output
+    assert "engine said [/x]\\x1b[2K" in r.output and "fix: fix it" in r.output
+
+
+class FakeNode:
+    def __init__(self, addr, labels=None):
+        self.attrs = {"Status": {"Addr": addr}, "Spec": {"Labels": labels or {}, "Role": "worker"}}
+        self.updated, self.removed = None, False
+
+    def update(self, spec):
+        self.updated = spec
+
+    def remove(self, force=False):
+        self.removed = True
+
+
+def fake_clients(monkeypatch, claimed_id: str, swarm_nodes: dict):
+    """Every machine's engine claims Swarm node `claimed_id`; the manager knows `swarm_nodes`."""
+    from types import SimpleNamespace
+    from labctl.cluster import swarm
+    c = SimpleNamespace(info=lambda: {"Swarm": {"NodeID": claimed_id, "LocalNodeState": "active"}},
+                        nodes=SimpleNamespace(get=lambda nid: swarm_nodes[nid]), close=lambda: None)
+    monkeypatch.setattr(swarm, "client", lambda machine, timeout=None: c)
+
+
+def test_a_machines_engine_cannot_name_another_machines_swarm_node():
+    """`join --name evil` answered with the NodeID of machine local's node: that node was relabelled
+    evil (local's lab nodes then never scheduled), and `cluster leave evil` force-removed it."""
+    from labctl.cluster import swarm
+    mgr = Machine("local", "unix:///var/run/docker.sock", "192.168.77.1", manager=True)
+    evil = Machine("evil", "ssh://root@evil", "192.168.77.9")
+    theirs = FakeNode("192.168.77.1", {"labctl.machine": "local"})
+    mp = pytest.MonkeyPatch()
+    try:
+        fake_clients(mp, "n-local", {"n-local": theirs})
+        with pytest.raises(LabError, match="sees that node at 192.168.77.1, labelled as machine local"):
+            swarm.label(mgr, evil)
+        with pytest.raises(LabError, match="sees that node at"):
+            swarm.remove_node(mgr, "n-local", evil)
+        assert theirs.updated is None and not theirs.removed
+        # its own node, at its address: labelled, and later removed
+        own = FakeNode("192.168.77.9")
+        fake_clients(mp, "n-evil", {"n-evil": own})
+        swarm.label(mgr, evil)
+        assert own.updated["Labels"] == {"labctl.machine": "evil"}
+        own.attrs["Spec"] = own.updated
+        swarm.remove_node(mgr, "n-evil", evil)
+        assert own.removed
+    finally:
+        mp.undo()

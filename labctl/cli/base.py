@@ -9,6 +9,7 @@ from rich.console import Console
 
 from labctl import __version__
 from labctl.errors import LabError
+from labctl.names import terminal_safe
 
 # Written to a file or a pipe, rich would wrap tables at 80 columns and cut their cells ("leaf1:spin…"):
 # there, lines are as wide as they need (up to a generous 240; COLUMNS still wins when set)
@@ -73,7 +74,8 @@ class LabctlGroup(click.Group):
         try:
             return super().invoke(ctx)
         except LabError as exc:
-            print(f"error: {exc}", file=sys.stderr)
+            # its text may quote an engine, a container or a file: nothing in it may drive the terminal
+            print(f"error: {terminal_safe(str(exc))}", file=sys.stderr)
             ctx.exit(exc.exit_code)
 
 

@@ -6,9 +6,18 @@ import json
 import time
 
 import click
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from labctl.cli.base import cli, out
+from labctl.names import terminal_safe
+
+
+def say(text: str) -> None:
+    """One line to the terminal, as text: a machine's engine wrote part of it (an error, a state),
+    so no markup of rich's and no control character of the terminal's may act."""
+    out.print(escape(terminal_safe(text)), highlight=False)
 
 DEFAULT_IMAGES = ("labctl/host", "labctl/frr")
 
@@ -42,13 +51,13 @@ def _progress():
     """Progress lines: one when a stage starts and one when it is done, with the time so far."""
     t0, seen = time.monotonic(), set()
 
-    def say(stage, done, total):
+    def stage_line(stage, done, total):
         mark = "done" if done >= total else "start" if done == 0 else None
         if mark and (stage, mark) not in seen:
             seen.add((stage, mark))
             text = f"{stage}: {done}/{total}" if mark == "done" else f"{stage} ..."
-            out.print(f"  [{time.monotonic() - t0:5.1f} s] {text}", highlight=False)
-    return say
+            say(f"  [{time.monotonic() - t0:5.1f} s] {text}")
+    return stage_line
 
 
 @cluster.command("emulate")
@@ -83,21 +92,20 @@ def cluster_emulate(count, subnet, stop_, images_, no_images, halt, resume):
     require_root("labctl cluster emulate")
     if halt or resume:
         (emulate.halt if halt else emulate.resume)(halt or resume)
-        out.print(f"machine {halt} is away (`--resume {halt}` brings it back)" if halt else
-                  f"machine {resume} is back", highlight=False)
+        say(f"machine {halt} is away (`--resume {halt}` brings it back)" if halt else
+                  f"machine {resume} is back")
         return
     if stop_:
         from labctl.cluster.services import refuse_while_placed
         refuse_while_placed("labctl cluster emulate --stop")
         t0 = time.monotonic()
         had = emulate.stop()
-        out.print(f"the emulated machines are removed ({time.monotonic() - t0:.1f} s)" if had
-                  else "no machines are emulated on this host", highlight=False)
+        say(f"the emulated machines are removed ({time.monotonic() - t0:.1f} s)" if had
+                  else "no machines are emulated on this host")
         return
     t0 = time.monotonic()
     machines = emulate.start(count, subnet, progress=_progress())
-    out.print(f"{len(machines)} machines emulated and joined in one Swarm in {time.monotonic() - t0:.1f} s",
-              highlight=False)
+    say(f"{len(machines)} machines emulated and joined in one Swarm in {time.monotonic() - t0:.1f} s")
     if not no_images and images_:
         _copy_images(list(machines.values()), list(images_))
     _status_table(as_json=False)
@@ -110,7 +118,7 @@ def _copy_images(machines, wanted: list[str]) -> None:
     try:
         for m in machines:
             for ref, seconds in images.ensure_images(m, wanted, src, progress=say).items():
-                out.print(f"  {ref} copied to {m.name} in {seconds:.1f} s", highlight=False)
+                say(f"  {ref} copied to {m.name} in {seconds:.1f} s")
     finally:
         src.close()
         images.release_default(started)
@@ -152,7 +160,7 @@ def cluster_init(name, engine_url, address):
     swarm.init(m)
     swarm.label(m, m)
     mrec.save({m.name: m})
-    out.print(f"Swarm formed; {name} ({address}) manages it", highlight=False)
+    say(f"Swarm formed; {name} ({address}) manages it")
 
 
 @cluster.command("join")
@@ -177,7 +185,7 @@ def cluster_join(name, engine_url, address):
     swarm.join(m, mgr)
     swarm.label(mgr, m)
     mrec.save({**known, m.name: m})
-    out.print(f"{name} ({address}) joined the Swarm of {mgr.name}", highlight=False)
+    say(f"{name} ({address}) joined the Swarm of {mgr.name}")
 
 
 def _rows() -> list[dict]:
@@ -215,8 +223,8 @@ def _status_table(as_json: bool) -> None:
         click.echo(json.dumps(rows, indent=1))
         return
     if not rows:
-        out.print("labctl knows no machines: `labctl cluster init` forms a Swarm, "
-                  "`sudo labctl cluster emulate 3` emulates three here", highlight=False)
+        say("labctl knows no machines: `labctl cluster init` forms a Swarm, "
+                  "`sudo labctl cluster emulate 3` emulates three here")
         return
     t = Table()
     for col in ("machine", "engine", "address", "role", "Swarm state", "lab containers"):
@@ -224,8 +232,9 @@ def _status_table(as_json: bool) -> None:
     for r in rows:
         state = "? (no answer)" if r["swarm"] is None else r["swarm"] if r["availability"] == "active" \
             else f"{r['swarm']} ({r['availability']})"
-        t.add_row(r["machine"], r["engine"], r["address"], r["role"], state,
-                  "-" if r["lab_containers"] is None else str(r["lab_containers"]))
+        cells = (r["machine"], r["engine"], r["address"], r["role"], state,
+                 "-" if r["lab_containers"] is None else str(r["lab_containers"]))
+        t.add_row(*(Text(terminal_safe(c)) for c in cells))      # the manager's words: never markup
     out.print(t)
 
 
@@ -267,12 +276,12 @@ def cluster_leave(name):
     nid = swarm.node_id(m)
     swarm.leave(m)
     if not m.manager:
-        swarm.remove_node(mrec.manager(known), nid)      # or it stays listed, Down
+        swarm.remove_node(mrec.manager(known), nid, m)      # or it stays listed, Down
     if known:
         mrec.save(known)
     else:
         mrec.record_path().unlink(missing_ok=True)
-    out.print(f"{name} left the Swarm and is forgotten", highlight=False)
+    say(f"{name} left the Swarm and is forgotten")
 
 
 @cluster.command("reset")
@@ -294,15 +303,14 @@ def cluster_reset():
     try:
         known = mrec.load()
     except LabError as exc:          # an unreadable record: forgotten all the same
-        out.print(f"  {exc.message}", highlight=False)
+        say(f"  {exc.message}")
         known = {}
     for m in sorted(known.values(), key=lambda m: m.manager):     # workers first
         try:
             swarm.leave(m)
         except LabError as exc:
-            out.print(f"  {m.name}: {exc.message} (forgotten anyway)", highlight=False)
+            say(f"  {m.name}: {exc.message} (forgotten anyway)")
     mrec.record_path().unlink(missing_ok=True)
-    out.print(f"forgot {len(known)} machine(s)", highlight=False)
+    say(f"forgot {len(known)} machine(s)")
     if emulate.status():
-        out.print("the emulated machines still run: `sudo labctl cluster emulate --stop` removes them",
-                  highlight=False)
+        say("the emulated machines still run: `sudo labctl cluster emulate --stop` removes them")

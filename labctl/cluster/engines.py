@@ -39,7 +39,9 @@ class Engines:
                            "take its lab down (`labctl status` names it) and up again")
         if found:
             from labctl.cluster.services import verified_pid
-            verified_pid(client, found[0].id, node)      # never enter a process labctl cannot vouch for
+            # never enter a process labctl cannot vouch for; and what the list said of it is not
+            # what was checked: every later use of its PID (exec_pid) gets the checked one
+            found[0].attrs["State"]["Pid"] = verified_pid(client, found[0].id, node)
         return found[0] if found else None
 
     def engine_url(self, machine: str | None) -> str:

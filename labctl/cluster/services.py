@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 
 from labctl.errors import LabError
+from labctl.names import terminal_safe
 
 START_TIMEOUT_S = 120
 STOP_GRACE_NS = 200_000_000
@@ -108,34 +109,57 @@ def _task_pid(manager, engine_client, node, deadline: float) -> int:
 
 def verified_pid(engine_client, container_id: str, node) -> int:
     """The container's init PID as its machine's engine reports it, believed only if this kernel
-    agrees: the process sits in that container's cgroup, and its network namespace is neither
-    labctl's nor the machine's (the node's namespace is bound, cabled, and at `down` emptied of
-    processes: a PID an engine got wrong, or lied about, must never make that the host's)."""
+    agrees: the ID is a container ID, the process sits in that container's own cgroup (a path
+    component, not a substring: an ID of "0" is in every cgroup file), in a PID namespace of its
+    own, and in a network namespace that is neither this host's, nor the machine's, nor one bound
+    under another name (another lab's node). The node's namespace is bound, cabled, and at `down`
+    emptied of processes: a PID an engine got wrong, or lied about, must never make that the host's
+    or another lab's."""
     import os
     from labctl.cluster import machines
+    from labctl.containers.nodes import CONTAINER_ID
+    from labctl.kernel import nsutil
+    if not isinstance(container_id, str) or not CONTAINER_ID.fullmatch(container_id):
+        raise LabError(f"node {node.name}: its engine on machine {node.machine} names its container "
+                       f"{str(container_id)[:80]!r}, which is not a container ID",
+                       "is that machine's engine Docker's? (`labctl cluster status`)")
     attrs = engine_client.api.inspect_container(container_id)
     pid = attrs["State"]["Pid"]
     why = None
     try:
-        cgroups = open(f"/proc/{pid}/cgroup").read() if pid else ""
-        netns = os.stat(f"/proc/{pid}/ns/net").st_ino if pid else None
-    except OSError:
-        cgroups, netns = "", None
-    if not pid or attrs["Id"] != container_id or container_id not in cgroups:
+        pid = int(pid)
+        cgroups = open(f"/proc/{pid}/cgroup").read() if pid > 0 else ""
+        st = os.stat(f"/proc/{pid}/ns/net") if pid > 0 else None
+        netns = (st.st_dev, st.st_ino) if st else None
+        pidns = os.stat(f"/proc/{pid}/ns/pid").st_ino if pid > 0 else None
+    except (OSError, ValueError, TypeError):
+        pid, cgroups, netns, pidns = 0, "", None, None
+    own_cgroup = {container_id, f"docker-{container_id}.scope"}
+    in_cgroup = any(own_cgroup & set(line.split(":", 2)[-1].split("/")) for line in cgroups.splitlines())
+    if not pid or attrs.get("Id") != container_id or not in_cgroup:
         why = f"PID {pid} is not in container {container_id[:12]}'s cgroup on this kernel"
-    elif netns == os.stat("/proc/self/ns/net").st_ino:
+    elif netns == _ns("/proc/self/ns/net"):
         why = f"PID {pid}'s network namespace is this host's"
+    elif pidns == os.stat("/proc/self/ns/pid").st_ino:
+        why = f"PID {pid} is in this host's PID namespace, not a container's"
     else:
         machine = machines.load().get(node.machine)
-        if machine is not None and machine.netns:
-            from labctl.kernel import nsutil
-            if netns == os.stat(nsutil.path(machine.netns)).st_ino:
-                why = f"PID {pid}'s network namespace is machine {machine.name}'s own"
+        other = nsutil.bound_as(netns, but=node.namespace)
+        if machine is not None and machine.netns and netns == _ns(nsutil.path(machine.netns)):
+            why = f"PID {pid}'s network namespace is machine {machine.name}'s own"
+        elif other:
+            why = f"PID {pid}'s network namespace is {other}'s, bound by another lab or tool"
     if why:
         raise LabError(f"node {node.name}: its engine on machine {node.machine} reports a container labctl cannot "
                        f"vouch for ({why})", "is that machine's engine on this host's kernel? "
                        "(`labctl cluster status`)")
     return pid
+
+
+def _ns(path) -> tuple[int, int]:
+    import os
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
 
 
 def remove(lab) -> list[str]:
@@ -153,7 +177,8 @@ def remove(lab) -> list[str]:
         known = cluster.load()
         manager = cluster.client(cluster.manager(known), timeout=30)
     except LabError as exc:
-        print(f"labctl: lab {lab.name}: its services cannot be removed now: {exc}", file=sys.stderr)
+        print(f"labctl: lab {lab.name}: its services cannot be removed now: {terminal_safe(str(exc))}",
+              file=sys.stderr)
         return names
     left = []
     try:
@@ -163,8 +188,8 @@ def remove(lab) -> list[str]:
                     if svc.name == name and (svc.attrs["Spec"].get("Labels") or {}).get(nodes.LAB_LABEL) == lab.name:
                         svc.remove()
             except Exception as exc:      # the SDK's APIError, or the connection lost: try the rest
-                print(f"labctl: lab {lab.name}: service {name} not removed: {getattr(exc, 'explanation', exc)}",
-                      file=sys.stderr)
+                said = terminal_safe(str(getattr(exc, "explanation", exc)))     # the manager's words
+                print(f"labctl: lab {lab.name}: service {name} not removed: {said}", file=sys.stderr)
                 left.append(name)
     finally:
         manager.close()

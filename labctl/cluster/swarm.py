@@ -11,6 +11,7 @@ import time
 
 from labctl.cluster.machines import MACHINE_LABEL, Machine, client
 from labctl.errors import LabError
+from labctl.names import terminal_safe
 
 SWARM_PORT = 2377
 DEFAULT_ADDR_POOL = ["10.200.0.0/16"]     # Swarm's own default is 10.0.0.0/8, where labs live
@@ -94,13 +95,34 @@ def node_id(machine: Machine) -> str:
     return nid
 
 
+def _its_node(c, nid: str, manager: Machine, machine: Machine):
+    """The manager's Swarm node `nid`, which `machine`'s engine says is its own: believed only if
+    the manager sees it at the machine's address and labelled as no other machine (a machine's
+    engine, wrong or hostile, could name another machine's node: relabelled, placement would pin
+    that machine's nodes elsewhere; removed, a running lab's machine would go)."""
+    try:
+        node = c.nodes.get(nid)
+    except Exception as exc:
+        raise _fail(manager, f"reading the Swarm node {nid} of {machine.name}", exc,
+                    f"is {manager.name} a manager of the Swarm {machine.name} joined?") from None
+    addr = (node.attrs.get("Status") or {}).get("Addr")
+    labelled = ((node.attrs.get("Spec") or {}).get("Labels") or {}).get(MACHINE_LABEL)
+    if addr != machine.address or labelled not in (None, machine.name):
+        raise LabError(f"machine {machine.name}'s engine says its Swarm node is {terminal_safe(nid)[:80]}, but the "
+                       f"manager {manager.name} sees that node at {terminal_safe(str(addr))[:80]}"
+                       + (f", labelled as machine {terminal_safe(str(labelled))[:80]}" if labelled else "")
+                       + f", not at {machine.address}",
+                       f"check that {machine.engine} is {machine.name}'s engine; " + RESET_FIX)
+    return node
+
+
 def label(manager: Machine, machine: Machine) -> None:
     """Set the Swarm node label labctl.machine=NAME on `machine`'s node: what placement pins by."""
     nid = node_id(machine)
     c = client(manager)
     try:
+        node = _its_node(c, nid, manager, machine)
         try:
-            node = c.nodes.get(nid)
             spec = dict(node.attrs["Spec"])
             spec["Labels"] = {**(spec.get("Labels") or {}), MACHINE_LABEL: machine.name}
             node.update(spec)
@@ -148,11 +170,18 @@ def wait_ready(manager: Machine, count: int, timeout: float = 60, progress=None)
         time.sleep(0.3)
 
 
-def remove_node(manager: Machine, nid: str) -> None:
-    """Drop a node that has left from the manager's list (it otherwise stays there, Down)."""
+def remove_node(manager: Machine, nid: str, machine: Machine) -> None:
+    """Drop the node of `machine`, which has left, from the manager's list (it otherwise stays
+    there, Down); only the node the manager sees at its address with its label."""
     c = client(manager, timeout=20)
     try:
-        c.nodes.get(nid).remove(force=True)
+        node = _its_node(c, nid, manager, machine)
+        if ((node.attrs.get("Spec") or {}).get("Labels") or {}).get(MACHINE_LABEL) != machine.name:
+            raise LabError(f"the Swarm node {terminal_safe(nid)[:80]} is not labelled as machine {machine.name}",
+                           RESET_FIX)
+        node.remove(force=True)
+    except LabError:
+        raise
     except Exception as exc:
         raise _fail(manager, f"removing Swarm node {nid}", exc, RESET_FIX) from None
     finally:

@@ -23,6 +23,7 @@ journal lists it and its labels say it belongs to this lab.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 
 from labctl.capabilities import CAPABILITIES, FRR_EXTRA, held, is_frr, lacking  # noqa: F401 (CAPABILITIES: tests)
@@ -31,6 +32,8 @@ from labctl.errors import LabError
 from labctl.plan.model import Node
 from labctl.plan.share import AGENT_CODE, AGENT_HOME  # a switch agent inside the node: its code and directory
 from labctl.state import LabDir
+
+CONTAINER_ID = re.compile(r"[0-9a-f]{64}")      # what Docker names a container by, whatever its name
 
 LAB_LABEL = "labctl.lab"
 NODE_LABEL = "labctl.node"
@@ -200,8 +203,12 @@ def enter_argv(ctr, engine_url: str, argv: list[str], interactive: bool = False)
     flags = ["-i"] if interactive else []
     if interactive and os.isatty(0) and os.isatty(1):
         flags.append("-t")
+    # by its ID, never its name: the engine says what the name is, and "--env-file=/root/x" is one
+    if not CONTAINER_ID.fullmatch(str(ctr.id)):
+        raise LabError(f"the engine names container {str(ctr.name)[:80]!r} with ID {str(ctr.id)[:80]!r}, which is "
+                       "not a container ID", "is the engine Docker's? (`labctl doctor`)")
     return [shutil.which("docker", path=SYSTEM_PATH) or "/usr/bin/docker", "-H", engine_url, "exec", *flags,
-            ctr.name, *argv]
+            ctr.id, *argv]
 
 
 def node_capabilities(image: str, extra: list[str] = ()) -> list[str]:
@@ -217,9 +224,11 @@ def exec_pid(ctr, marker: str) -> int | None:
     """This host's PID of the newest process in the container (its PID namespace) whose command line
     holds `marker`: a process `docker exec` started is the engine's child, not ours."""
     try:
-        pidns = os.stat(f"/proc/{ctr.attrs['State']['Pid']}/ns/pid").st_ino
-    except (OSError, KeyError, TypeError):
+        pidns = os.stat(f"/proc/{int(ctr.attrs['State']['Pid'])}/ns/pid").st_ino
+    except (OSError, KeyError, TypeError, ValueError):
         return None
+    if pidns == os.stat("/proc/self/ns/pid").st_ino:
+        return None          # a container has a PID namespace of its own: never search the host's
     found = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():

@@ -120,6 +120,27 @@ def _bind(target: Path, source: str) -> None:
         raise OSError(err, f"bind-mounting {source} on {target}: {os.strerror(err)}")
 
 
+def bound_as(ns: tuple[int, int] | None, but: str | None = None) -> str | None:
+    """The name under /var/run/netns (other than `but`) of the network namespace whose nsfs
+    (st_dev, st_ino) is `ns`, or None."""
+    if ns is None:
+        return None
+    try:
+        entries = list(os.scandir(NETNS_DIR))
+    except OSError:
+        return None
+    for entry in entries:
+        if entry.name == but:
+            continue
+        try:
+            st = os.stat(entry.path)
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) == ns:
+            return entry.name
+    return None
+
+
 def bare_placeholder(name: str) -> bool:
     """`name` is the empty file _bind makes before it mounts a namespace on it, left bare because the
     process was killed in between: `ip netns list` shows it, yet it is no namespace. A mounted
