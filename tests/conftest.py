@@ -7,6 +7,7 @@ import contextlib
 import importlib.util
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import uuid
@@ -101,6 +102,17 @@ def source_tree() -> dict[str, int]:
             with contextlib.suppress(FileNotFoundError):
                 files[os.path.relpath(path, ROOT)] = os.lstat(path).st_mtime_ns
     return files
+
+
+def _interrupted(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def pytest_configure(config):
+    # SIGTERM (CI's stop, a timeout's kill) ends the run as Ctrl-C does: the fixtures' teardowns run,
+    # so labs, namespaces and controllers a test built are taken down. Killed outright, pytest left
+    # a lab's namespaces and its controller running (found running 13 minutes later)
+    signal.signal(signal.SIGTERM, _interrupted)
 
 
 def pytest_sessionstart(session):
