@@ -51,3 +51,20 @@ def test_a_container_nodes_endless_output_is_cut_at_the_timeout_with_its_tail_ke
     assert time.monotonic() - t0 < 2
     code, out = software._in_container(Engine(iter([b"x" * 10000, b"last words\n"]), 2), ctr, ["false"])
     assert code == 2 and out.endswith("last words\n") and len(out) == software.OUTPUT_KEPT
+
+
+def test_a_container_that_exits_at_once_has_only_its_outputs_tail_read():
+    """Its last 5 log lines were read whole, whatever their length: a node's image printing one
+    line of gigabytes filled root's memory before `up` could say it exited."""
+    from labctl.containers.nodes import last_output
+    held = []
+
+    def one_long_line():
+        for _ in range(256):               # 256 MiB if it were kept
+            chunk = b"x" * (1 << 20)
+            held.append(len(chunk))
+            yield chunk
+        yield b"\nexec failed: no such file\n"
+
+    out = last_output(one_long_line())
+    assert out.endswith("exec failed: no such file\n") and len(out) == 4096 and len(held) == 256

@@ -172,3 +172,23 @@ def test_docker_exec_names_the_container_by_its_id_never_its_name():
     with pytest.raises(LabError, match="not a container ID"):
         nodes.enter_argv(ctr, "unix:///run/x.sock", ["ip", "link"])
     assert os.path.basename(argv[0]) == "docker"
+
+
+def test_a_namespace_is_bound_only_if_it_is_still_the_one_that_was_checked(lab_name):
+    """Between the check of a container's PID and the bind of its namespace the process may die and
+    its PID go to another: attach holds the namespace open and binds it only if it is the one the
+    check saw."""
+    require_root()
+    with Process(["unshare", "--net", "sleep", "60"], None) as p:
+        st = os.stat(f"/proc/{p.pid}/ns/net")
+        name = f"{lab_name}-att"
+        with pytest.raises(OSError, match="no longer in the network namespace that was checked"):
+            nsutil.attach(name, p.pid, expect=(st.st_dev, st.st_ino + 1))
+        assert not nsutil.exists(name)
+        nsutil.attach(name, p.pid, expect=(st.st_dev, st.st_ino))
+        try:
+            bound = os.stat(nsutil.path(name))
+            assert (bound.st_dev, bound.st_ino) == (st.st_dev, st.st_ino)
+            assert nsutil.bound_as((st.st_dev, st.st_ino)) == name
+        finally:
+            nsutil.remove(name)

@@ -68,7 +68,8 @@ class NetnsBackend(Backend):
                 lab.journal("netns", node.namespace)
                 try:
                     if node.machine:
-                        nsutil.attach(node.namespace, placed[node.name], note=lab.noter(node.namespace))
+                        pid, checked = placed[node.name]
+                        nsutil.attach(node.namespace, pid, note=lab.noter(node.namespace), expect=checked)
                     elif node.container:
                         nsutil.attach(node.namespace, container_nodes.start(docker_client, node, lab),
                                       note=lab.noter(node.namespace))
@@ -193,9 +194,9 @@ class NetnsBackend(Backend):
         return removed
 
 
-def _placed_nodes(plan: LabPlan, lab: LabDir, progress: Progress, build_images: bool) -> dict[str, int]:
+def _placed_nodes(plan: LabPlan, lab: LabDir, progress: Progress, build_images: bool) -> dict[str, tuple]:
     """Nodes placed on machines (plan/placement.py): each machine gets the images its nodes need,
-    then every node's Swarm service; returns node -> its container's PID."""
+    then every node's Swarm service; returns node -> (its container's PID, that namespace as checked)."""
     placed = [n for n in plan.nodes if n.machine]
     if not placed:
         return {}

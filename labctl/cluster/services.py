@@ -49,9 +49,10 @@ def spec(node, lab, binds: list[str]):
                               placement=types.Placement(constraints=[constraint(node.machine)]))
 
 
-def start(plan, lab, machines: dict, binds_of, progress=None) -> dict[str, int]:
+def start(plan, lab, machines: dict, binds_of, progress=None) -> dict[str, tuple[int, tuple[int, int]]]:
     """Create every placed node's service (journaled first), wait until each task runs on its
-    machine, and return each node's container PID (its netns is the node's)."""
+    machine, and return each node's container PID (its netns is the node's) with the identity of
+    that namespace as checked (verified)."""
     from labctl.cluster import machines as cluster
     from labctl.containers import nodes
     manager = cluster.client(cluster.manager(machines))
@@ -84,7 +85,7 @@ def start(plan, lab, machines: dict, binds_of, progress=None) -> dict[str, int]:
             c.close()
 
 
-def _task_pid(manager, engine_client, node, deadline: float) -> int:
+def _task_pid(manager, engine_client, node, deadline: float) -> tuple[int, tuple[int, int]]:
     """The PID of the node's task container on its machine, once it runs, checked to be that
     container's own process in a namespace of its own (verified_pid)."""
     name = node.container.name
@@ -99,7 +100,7 @@ def _task_pid(manager, engine_client, node, deadline: float) -> int:
         running = [t for t in tasks if t["Status"]["State"] == "running"]
         cid = ((running[0]["Status"].get("ContainerStatus") or {}).get("ContainerID")) if running else None
         if cid:
-            return verified_pid(engine_client, cid, node)
+            return verified(engine_client, cid, node)
         if time.monotonic() > deadline:
             raise LabError(f"node {node.name}: its task is {', '.join(states) or 'not scheduled'} after "
                            f"{START_TIMEOUT_S} s (machine {node.machine})",
@@ -108,6 +109,11 @@ def _task_pid(manager, engine_client, node, deadline: float) -> int:
 
 
 def verified_pid(engine_client, container_id: str, node) -> int:
+    """verified(...)'s PID."""
+    return verified(engine_client, container_id, node)[0]
+
+
+def verified(engine_client, container_id: str, node) -> tuple[int, tuple[int, int]]:
     """The container's init PID as its machine's engine reports it, believed only if this kernel
     agrees: the ID is a container ID, the process sits in that container's own cgroup (a path
     component, not a substring: an ID of "0" is in every cgroup file), in a PID namespace of its
@@ -153,7 +159,7 @@ def verified_pid(engine_client, container_id: str, node) -> int:
         raise LabError(f"node {node.name}: its engine on machine {node.machine} reports a container labctl cannot "
                        f"vouch for ({why})", "is that machine's engine on this host's kernel? "
                        "(`labctl cluster status`)")
-    return pid
+    return pid, netns     # the namespace's identity: bound only if it is still this one (nsutil.attach)
 
 
 def _ns(path) -> tuple[int, int]:

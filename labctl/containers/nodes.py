@@ -78,11 +78,19 @@ def start(client, node: Node, lab: LabDir) -> int:
     ctr.reload()
     pid = ctr.attrs["State"]["Pid"]
     if not ctr.attrs["State"]["Running"] or not pid:
-        logs = ctr.logs(tail=5).decode(errors="replace").strip()
+        logs = last_output(ctr.logs(tail=5, stream=True)).strip()
         raise LabError(f"node {node.name}: container {c.name} exited at once "
                        f"(status {ctr.attrs['State']['ExitCode']}): {logs[-300:] or 'no output'}",
                        "give it a command that keeps running, e.g. `cmd: sleep infinity`")
     return pid
+
+
+def last_output(chunks, kept: int = 4096) -> str:
+    """The last `kept` bytes of a stream of output chunks, never more held: a line may be any length."""
+    tail = bytearray()
+    for chunk in chunks:
+        tail = (tail + chunk)[-kept:]
+    return tail.decode(errors="replace")
 
 
 def host_config(api, c, binds: list[str]) -> dict:

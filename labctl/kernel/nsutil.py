@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import fcntl
 import os
 import signal
@@ -161,16 +162,25 @@ def remove_bare_placeholder(name: str) -> bool:
     return True
 
 
-def attach(name: str, pid: int, note=None) -> None:
+def attach(name: str, pid: int, note=None, expect: tuple[int, int] | None = None) -> None:
     """Name the network namespace of process `pid` (what `ip netns attach` does: a bind mount of
     /proc/PID/ns/net); for nodes whose namespace a container engine made. Fails if the name exists.
-    `note(identity)` as for create()."""
+    `note(identity)` as for create(). With `expect` ((st_dev, st_ino) of the namespace as it was
+    checked), the namespace is held open first and bound only if it is still that one: the PID may
+    have died and been reused since."""
     target = path(name)
     _share_netns_dir()
-    src = f"/proc/{int(pid)}/ns/net"
-    if note is not None:
-        note(_identity_here(src, enter=True))
-    _bind(target, src)
+    fd = os.open(f"/proc/{int(pid)}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if expect is not None and (st.st_dev, st.st_ino) != tuple(expect):
+            raise OSError(errno.ESRCH, f"process {pid} is no longer in the network namespace that was checked")
+        src = f"/proc/self/fd/{fd}"
+        if note is not None:
+            note(_identity_here(src, enter=True))
+        _bind(target, src)
+    finally:
+        os.close(fd)
 
 
 def _identity_here(ns_file: str, enter: bool = False) -> str:
