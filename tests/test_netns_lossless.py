@@ -26,11 +26,9 @@ RUNS = 20
 pytestmark = pytest.mark.netns
 
 
-class Burners:
-    """Processes that only burn CPU in the root namespace (no traffic), as a busy laptop has."""
-
-    def __init__(self, n: int):
-        self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+class Spawned:
+    """Processes of the test's own (`procs`), killed when the block ends."""
+    procs: list = []
 
     def __enter__(self):
         return self
@@ -39,6 +37,13 @@ class Burners:
         for p in self.procs:
             p.kill()
             p.wait()
+
+
+class Burners(Spawned):
+    """Processes that only burn CPU in the root namespace (no traffic), as a busy laptop has."""
+
+    def __init__(self, n: int):
+        self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
 
 
 # Every CPU taken at once, above every process (the stall watchers included), as a hypervisor that
@@ -57,21 +62,13 @@ for k in range(count):
 """
 
 
-class MachineStalls:
+class MachineStalls(Spawned):
     """`count` stalls of the whole machine, `length` s each, one every `every` s from `after` s on."""
 
     def __init__(self, after: float, every: float, length: float, count: int):
         first = time.monotonic() + after
         self.procs = [subprocess.Popen([sys.executable, "-c", STALL, str(cpu), str(first), str(every), str(length),
                                         str(count)]) for cpu in sorted(os.sched_getaffinity(0))]
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        for p in self.procs:
-            p.kill()
-            p.wait()
 
 
 def assert_lossless(doc: dict, incasts: int = 1, lab=None) -> None:
