@@ -104,7 +104,18 @@ def source_tree() -> dict[str, int]:
     return files
 
 
+_RUN_PID = os.getpid()
+
+
 def _interrupted(signum, frame):
+    if os.getpid() != _RUN_PID:
+        # a fork of the run (a process pool's worker, a child labctl forks) inherits this handler:
+        # it dies of the signal, as before. Raised there, KeyboardInterrupt unwound the copy of
+        # pytest's stack the fork holds: it printed a summary and ran the fixtures' teardowns,
+        # taking down the labs the real run was still using (ci90)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
     raise KeyboardInterrupt(f"signal {signum}")
 
 
@@ -112,6 +123,8 @@ def pytest_configure(config):
     # SIGTERM (CI's stop, a timeout's kill) ends the run as Ctrl-C does: the fixtures' teardowns run,
     # so labs, namespaces and controllers a test built are taken down. Killed outright, pytest left
     # a lab's namespaces and its controller running (found running 13 minutes later)
+    global _RUN_PID
+    _RUN_PID = os.getpid()
     signal.signal(signal.SIGTERM, _interrupted)
 
 
