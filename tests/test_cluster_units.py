@@ -215,3 +215,26 @@ def test_a_machines_engine_cannot_name_another_machines_swarm_node():
         assert own.removed
     finally:
         mp.undo()
+
+
+def test_copying_images_to_the_machines_reports_each_copy(monkeypatch):
+    """`cluster emulate`'s image copy: its stage lines and a line per image copied (a local name
+    once hid the line printer, and the first copy raised TypeError)."""
+    from types import SimpleNamespace
+    from labctl.cli import cluster as cli_cluster
+    from labctl.cluster import images
+    monkeypatch.setattr(cli_cluster, "out", cli_cluster.out.__class__(width=200, force_terminal=False))
+
+    def ensure(machine, wanted, src, progress=None):
+        progress(f"copy {wanted[0]} to {machine.name}", 0, 1)
+        progress(f"copy {wanted[0]} to {machine.name}", 1, 1)
+        return {wanted[0]: 1.5}
+
+    monkeypatch.setattr(images, "default_images_client",
+                        lambda wanted, progress=None: (SimpleNamespace(close=lambda: None), False))
+    monkeypatch.setattr(images, "ensure_images", ensure)
+    monkeypatch.setattr(images, "release_default", lambda started: None)
+    with cli_cluster.out.capture() as seen:
+        cli_cluster._copy_images([Machine("m2", "unix:///run/lcm-m2.sock", "192.168.77.2")], ["labctl/host"])
+    text = seen.get()
+    assert "copy labctl/host to m2 ..." in text and "labctl/host copied to m2 in 1.5 s" in text

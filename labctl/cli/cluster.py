@@ -113,11 +113,11 @@ def cluster_emulate(count, subnet, stop_, images_, no_images, halt, resume):
 
 def _copy_images(machines, wanted: list[str]) -> None:
     from labctl.cluster import images
-    say = _progress()
-    src, started = images.default_images_client(wanted, progress=say)
+    progress = _progress()
+    src, started = images.default_images_client(wanted, progress=progress)
     try:
         for m in machines:
-            for ref, seconds in images.ensure_images(m, wanted, src, progress=say).items():
+            for ref, seconds in images.ensure_images(m, wanted, src, progress=progress).items():
                 say(f"  {ref} copied to {m.name} in {seconds:.1f} s")
     finally:
         src.close()

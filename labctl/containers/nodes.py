@@ -78,7 +78,7 @@ def start(client, node: Node, lab: LabDir) -> int:
     ctr.reload()
     pid = ctr.attrs["State"]["Pid"]
     if not ctr.attrs["State"]["Running"] or not pid:
-        logs = last_output(ctr.logs(tail=5, stream=True)).strip()
+        logs = last_output(ctr.logs(tail=5, stream=True, follow=False)).strip()
         raise LabError(f"node {node.name}: container {c.name} exited at once "
                        f"(status {ctr.attrs['State']['ExitCode']}): {logs[-300:] or 'no output'}",
                        "give it a command that keeps running, e.g. `cmd: sleep infinity`")
