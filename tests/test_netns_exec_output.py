@@ -49,6 +49,13 @@ def test_a_container_nodes_endless_output_is_cut_at_the_timeout_with_its_tail_ke
     t0 = time.monotonic()
     assert software._in_container(Engine(endless), ctr, ["yes"]) == (124, "still running after 0.5 s")
     assert time.monotonic() - t0 < 2
+    # a silent line (the stream's reads have no timeout): given up on at the deadline all the same
+    def silent():
+        time.sleep(30)
+        yield b"too late"
+    t0 = time.monotonic()
+    assert software._in_container(Engine(silent()), ctr, ["sleep", "100000"]) == (124, "still running after 0.5 s")
+    assert time.monotonic() - t0 < 2
     code, out = software._in_container(Engine(iter([b"x" * 10000, b"last words\n"]), 2), ctr, ["false"])
     assert code == 2 and out.endswith("last words\n") and len(out) == software.OUTPUT_KEPT
 

@@ -63,21 +63,38 @@ def _in_container(client, ctr, argv: list[str]) -> tuple[int, str]:
     container's namespaces, root, environment, cgroup, capabilities, seccomp and no_new_privs, and
     nothing of the container's (its env: above all) reaches a process of this host's. Through the
     API rather than the docker client, which costs a process of its own per line (about 50 ms).
-    Its output is streamed and only its tail kept, and a line that still writes after
-    EXEC_TIMEOUT_S is given up on: `exec: [yes]` would otherwise fill root's memory."""
+    Its output is streamed on a thread of its own and only its tail kept, and the line is given up
+    on at EXEC_TIMEOUT_S whether it writes (`exec: [yes]` filled root's memory) or is silent (the
+    stream's reads have no timeout of their own)."""
+    import threading
     import time
     import requests
     deadline = time.monotonic() + EXEC_TIMEOUT_S
-    tail = bytearray()
     try:
         made = client.api.exec_create(ctr.id, argv, stdout=True, stderr=True, stdin=False)
-        for chunk in client.api.exec_start(made["Id"], stream=True):
-            tail = (tail + chunk)[-OUTPUT_KEPT:]
-            if time.monotonic() > deadline:
-                return 124, f"still running after {EXEC_TIMEOUT_S} s"
-        code = client.api.exec_inspect(made["Id"])["ExitCode"]
+        stream = client.api.exec_start(made["Id"], stream=True)
     except requests.exceptions.ReadTimeout:
         return 124, f"still running after {EXEC_TIMEOUT_S} s"
+    tail, ended, failed = bytearray(), threading.Event(), []
+
+    def read() -> None:
+        nonlocal tail
+        try:
+            for chunk in stream:
+                tail = (tail + chunk)[-OUTPUT_KEPT:]
+                if time.monotonic() > deadline:
+                    return
+        except Exception as exc:      # the connection's errors: raised below, as before
+            failed.append(exc)
+        finally:
+            ended.set()
+
+    threading.Thread(target=read, name="exec-output", daemon=True).start()
+    if not ended.wait(max(0.0, deadline - time.monotonic())) or time.monotonic() > deadline:
+        return 124, f"still running after {EXEC_TIMEOUT_S} s"
+    if failed:
+        raise failed[0]
+    code = client.api.exec_inspect(made["Id"])["ExitCode"]
     return (code if code is not None else 1), tail.decode(errors="replace")
 
 
