@@ -42,6 +42,10 @@ def test_a_wake_up_the_stall_held_is_the_machines_the_wait_behind_its_backlog_in
     # a wake-up due outside every stall that came late is the controller's own, however late
     assert stallwatch.own_part(read_end, took, gaps, [(100.010, 100.025)]) == pytest.approx(0.0385)
     assert stallwatch.own_part(read_end, took, {}, held) == pytest.approx(took)
+    # a wake-up held by a stall is credited up to the stall's length again (and a watcher period)
+    # after its end, no further: a 2.1 ms gap on some CPU does not excuse a 200 ms delay
+    short = {3: [[100.000, 0.0021]]}
+    assert stallwatch.own_part(100.2, 0.2, short, [(99.996, 100.195)]) == pytest.approx(0.2 - 0.0071)   # from 100.0
     # and it is judged that way from pfc.json's form of a slow read, [end, took, [[due, woke], ...]]
     h = hist(0.001, 0.0985)
     s = reaction.summary(h, 0.03, [[read_end, took, [list(w) for w in held]]], gaps)

@@ -26,8 +26,9 @@ import time
 from labctl import helpers
 
 # Every 5 ms: a shorter period costs a watcher a noticeable share of a core (docs/design.md §8).
-# A stall that starts within a sleep is seen up to one period short, so the controller's own part
-# comes out up to 5 ms too long, never too short.
+# A stall that starts within a sleep is seen up to one period short, so a slow read's overlap with
+# it comes out up to 5 ms short (the controller's own part that much too long); a wake-up the
+# stall held is credited from its due time, and only up to the stall's length after its end.
 PERIOD_MS = 5
 REPORT_OVER_S = 0.002
 PRIORITY = 50          # above the controller and the line (procs.HELPER_RT_PRIORITY)
@@ -123,16 +124,24 @@ def own_part(read_end: float, seconds: float, gaps_by_cpu: dict, late_wakes=()) 
     `late_wakes`: the controller's wake-ups in that interval that came late, [due, woke] each. One
     due while a CPU was stalled was late because of the stall, all of it: when the CPU comes back,
     everything the stall held back wakes at once (with agents in the nodes, a dozen controllers on
-    two CPUs), and the last to run waits behind the rest. The watcher sees a stall up to one period
-    after it began, so a wake-up due that much before the stall counts too. A late wake-up due
-    outside every stall stays the controller's own."""
+    two CPUs), and the last to run waits behind the rest, up to about the stall's length again
+    (and one watcher period) after its end. The watcher sees a stall up to one period after it
+    began, so a wake-up due that much before the stall counts too. A late wake-up due outside
+    every stall stays the controller's own."""
     start = read_end - seconds
     since = min([start] + [due for due, _ in late_wakes])
     stolen = 0.0
     for gaps in gaps_by_cpu.values():
         near = [(g_end - g_s, g_end) for g_end, g_s in gaps if g_end >= since and g_end - g_s < read_end]
-        held = [(due, woke) for due, woke in late_wakes
-                if any(lo - PERIOD_MS / 1000 <= due <= hi for lo, hi in near)]
+        # held by a stall, a wake-up waits at most about the stall's length again behind what it
+        # held back (ci87: 20 ms after a 60 ms stall): past that its lateness is its own, or a
+        # 2 ms gap on any CPU would excuse any delay (found by review)
+        period = PERIOD_MS / 1000
+        held = []
+        for due, woke in late_wakes:
+            ends = [hi + (hi - lo) + period for lo, hi in near if lo - period <= due <= hi]
+            if ends:
+                held.append((due, min(woke, max(ends))))
         stolen = max(stolen, covered(start, read_end, near + held))
     return max(0.0, seconds - stolen)
 
